@@ -1,0 +1,474 @@
+//! Layered, validated configuration shared by every Herald process.
+//!
+//! Layers, later ones winning: built-in defaults, a TOML file (`--config FILE` or
+//! `HERALD_CONFIG`), `HERALD_*` environment variables, then command-line flags.
+//! Every layer is flattened into dotted keys (`outbox.max_attempts`) and applied
+//! through one setter, so all layers accept and reject exactly the same keys. All
+//! problems are collected and reported together, each naming its key, before any
+//! port is bound.
+//!
+//! Environment names: `HERALD_MYSQL_URL` is `mysql_url`; a double underscore
+//! separates a section, `HERALD_OUTBOX__MAX_ATTEMPTS` is `outbox.max_attempts`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Which process the configuration is for; some defaults differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Gateway,
+    Worker,
+    Loadtest,
+}
+
+/// A secret that never shows up in `Debug` output or logs.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "<unset>" } else { "<redacted>" })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mysql_url: String,
+    pub redis_url: String,
+    /// Prefix of every Redis key and channel; lets clusters (and tests) share a Redis.
+    pub redis_key_prefix: String,
+    pub jwt_secret: Secret,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub admin_token: Secret,
+    pub node_id: String,
+    /// A tracing filter, as in `RUST_LOG` (which wins when set).
+    pub log: String,
+    pub ingress: IngressConfig,
+    pub gateway: GatewayConfig,
+    pub worker: WorkerConfig,
+    pub outbox: OutboxConfig,
+}
+
+#[derive(Clone, Debug)]
+pub struct IngressConfig {
+    /// Number of ingress streams; a conversation always maps to the same one. Every
+    /// process of a cluster must agree on it.
+    pub shards: u32,
+    /// Approximate stream length kept (XADD MAXLEN ~); consumed entries beyond it go.
+    pub max_len: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// How long `POST /v1/messages` waits for the commit notice before answering
+    /// `unavailable` (the client retries with the same `cmid`).
+    pub send_timeout_ms: u64,
+    /// Largest serialized message body accepted.
+    pub max_body_bytes: usize,
+    /// Refuse to start when Redis may evict keys (pending sets must not vanish).
+    pub require_noeviction: bool,
+    pub db_pool_size: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Most stream entries committed in one MySQL transaction.
+    pub batch_max: usize,
+    /// How long one XREADGROUP blocks waiting for entries.
+    pub batch_block_ms: u64,
+    /// Lease time of shard ownership and of the snowflake worker id; renewed at a third.
+    pub lease_ttl_ms: u64,
+    /// Apply migrations when the worker starts.
+    pub migrate_on_start: bool,
+    /// How long the serialized frame of a message is kept in Redis.
+    pub message_ttl_s: u64,
+    /// Largest pending set per device; past it the oldest entries are dropped and the
+    /// device is marked for a rebuild from MySQL.
+    pub pending_cap: u64,
+    pub db_pool_size: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct OutboxConfig {
+    /// Period of the dispatcher loop.
+    pub fixed_delay_ms: u64,
+    /// A new row is due this far ahead, so the loop only sees what the immediate
+    /// post-commit dispatch did not finish.
+    pub first_retry_delay_ms: u64,
+    /// Delay before retry n (the last value repeats).
+    pub backoff_ms: Vec<u64>,
+    /// Attempts before an event is DEAD.
+    pub max_attempts: u32,
+    /// A SENDING row claimed longer ago than this is taken again.
+    pub sending_stale_ms: u64,
+    /// Rows claimed per dispatcher round.
+    pub claim_batch: u32,
+    /// SENT rows older than this are purged.
+    pub sent_retention_s: u64,
+    /// Rows deleted per purge statement (small, to keep locks short).
+    pub purge_batch: u32,
+}
+
+impl Config {
+    pub fn defaults(role: Role) -> Config {
+        let (listen, admin) = match role {
+            Role::Gateway => ("127.0.0.1:8080", "127.0.0.1:9090"),
+            Role::Worker => ("127.0.0.1:8080", "127.0.0.1:9091"),
+            Role::Loadtest => ("127.0.0.1:8080", "127.0.0.1:9099"),
+        };
+        let kind = match role {
+            Role::Gateway => "gw",
+            Role::Worker => "wk",
+            Role::Loadtest => "lt",
+        };
+        Config {
+            mysql_url: "mysql://root@127.0.0.1:3306/herald".into(),
+            redis_url: "redis://127.0.0.1:6379/0".into(),
+            redis_key_prefix: "hd".into(),
+            jwt_secret: Secret::default(),
+            listen: listen.parse().expect("default address"),
+            admin_listen: admin.parse().expect("default address"),
+            admin_token: Secret::default(),
+            node_id: format!("{kind}-{:08x}", rand::random::<u32>()),
+            log: "info".into(),
+            ingress: IngressConfig { shards: 8, max_len: 1_000_000 },
+            gateway: GatewayConfig { send_timeout_ms: 5_000, max_body_bytes: 32 * 1024, require_noeviction: true, db_pool_size: 16 },
+            worker: WorkerConfig {
+                batch_max: 512,
+                batch_block_ms: 1_000,
+                lease_ttl_ms: 6_000,
+                migrate_on_start: true,
+                message_ttl_s: 7 * 24 * 3600,
+                pending_cap: 10_000,
+                db_pool_size: 16,
+            },
+            outbox: OutboxConfig {
+                fixed_delay_ms: 3_000,
+                first_retry_delay_ms: 5_000,
+                backoff_ms: vec![5_000, 20_000, 80_000, 320_000, 1_280_000],
+                max_attempts: 5,
+                sending_stale_ms: 60_000,
+                claim_batch: 100,
+                sent_retention_s: 24 * 3600,
+                purge_batch: 1_000,
+            },
+        }
+    }
+
+    /// Applies one dotted key. Errors name what the key expects.
+    pub fn set(&mut self, key: &str, v: &str) -> Result<(), String> {
+        match key {
+            "mysql_url" => self.mysql_url = v.into(),
+            "redis_url" => self.redis_url = v.into(),
+            "redis_key_prefix" => self.redis_key_prefix = v.into(),
+            "jwt_secret" => self.jwt_secret = Secret(v.into()),
+            "listen" => self.listen = addr(v)?,
+            "admin_listen" => self.admin_listen = addr(v)?,
+            "admin_token" => self.admin_token = Secret(v.into()),
+            "node_id" => self.node_id = v.into(),
+            "log" => self.log = v.into(),
+            "ingress.shards" => self.ingress.shards = num(v)?,
+            "ingress.max_len" => self.ingress.max_len = num(v)?,
+            "gateway.send_timeout_ms" => self.gateway.send_timeout_ms = num(v)?,
+            "gateway.max_body_bytes" => self.gateway.max_body_bytes = num(v)?,
+            "gateway.require_noeviction" => self.gateway.require_noeviction = boolean(v)?,
+            "gateway.db_pool_size" => self.gateway.db_pool_size = num(v)?,
+            "worker.batch_max" => self.worker.batch_max = num(v)?,
+            "worker.batch_block_ms" => self.worker.batch_block_ms = num(v)?,
+            "worker.lease_ttl_ms" => self.worker.lease_ttl_ms = num(v)?,
+            "worker.migrate_on_start" => self.worker.migrate_on_start = boolean(v)?,
+            "worker.message_ttl_s" => self.worker.message_ttl_s = num(v)?,
+            "worker.pending_cap" => self.worker.pending_cap = num(v)?,
+            "worker.db_pool_size" => self.worker.db_pool_size = num(v)?,
+            "outbox.fixed_delay_ms" => self.outbox.fixed_delay_ms = num(v)?,
+            "outbox.first_retry_delay_ms" => self.outbox.first_retry_delay_ms = num(v)?,
+            "outbox.backoff_ms" => {
+                self.outbox.backoff_ms = v.split(',').map(|p| num(p.trim())).collect::<Result<_, _>>()?
+            }
+            "outbox.max_attempts" => self.outbox.max_attempts = num(v)?,
+            "outbox.sending_stale_ms" => self.outbox.sending_stale_ms = num(v)?,
+            "outbox.claim_batch" => self.outbox.claim_batch = num(v)?,
+            "outbox.sent_retention_s" => self.outbox.sent_retention_s = num(v)?,
+            "outbox.purge_batch" => self.outbox.purge_batch = num(v)?,
+            _ => return Err("unknown key".into()),
+        }
+        Ok(())
+    }
+
+    /// Checks values that parse but make no sense together.
+    fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let mut bad = |key: &str, msg: &str| errors.push(ConfigError { key: key.into(), message: msg.into() });
+        if self.jwt_secret.0.len() < 16 {
+            bad("jwt_secret", "required, at least 16 bytes (HERALD_JWT_SECRET)");
+        }
+        if !self.mysql_url.starts_with("mysql://") && !self.mysql_url.starts_with("mariadb://") {
+            bad("mysql_url", "must start with mysql://");
+        }
+        if !["redis://", "rediss://", "redis-cluster://"].iter().any(|s| self.redis_url.starts_with(s)) {
+            bad("redis_url", "must start with redis:// or redis-cluster://");
+        }
+        if self.redis_key_prefix.is_empty() || self.redis_key_prefix.contains(['{', '}', ' ']) {
+            bad("redis_key_prefix", "must be non-empty without braces or spaces");
+        }
+        if !crate::auth::is_valid_ident(&self.node_id) || self.node_id.contains(['{', '}']) {
+            bad("node_id", "must be 1..64 printable ASCII characters without braces");
+        }
+        if self.ingress.shards == 0 || self.ingress.shards > 1024 {
+            bad("ingress.shards", "must be 1..=1024");
+        }
+        if self.gateway.send_timeout_ms == 0 {
+            bad("gateway.send_timeout_ms", "must be positive");
+        }
+        if self.gateway.max_body_bytes == 0 || self.gateway.max_body_bytes > 1 << 20 {
+            bad("gateway.max_body_bytes", "must be 1..=1048576");
+        }
+        if self.worker.batch_max == 0 || self.worker.batch_max > 10_000 {
+            bad("worker.batch_max", "must be 1..=10000");
+        }
+        if self.worker.lease_ttl_ms < 300 {
+            bad("worker.lease_ttl_ms", "must be at least 300");
+        }
+        if self.worker.pending_cap == 0 {
+            bad("worker.pending_cap", "must be positive");
+        }
+        for (key, size) in [("gateway.db_pool_size", self.gateway.db_pool_size), ("worker.db_pool_size", self.worker.db_pool_size)] {
+            if size == 0 {
+                bad(key, "must be positive");
+            }
+        }
+        if self.outbox.backoff_ms.is_empty() {
+            bad("outbox.backoff_ms", "needs at least one delay");
+        }
+        if self.outbox.max_attempts == 0 {
+            bad("outbox.max_attempts", "must be positive");
+        }
+        if self.outbox.fixed_delay_ms == 0 {
+            bad("outbox.fixed_delay_ms", "must be positive");
+        }
+        if self.outbox.claim_batch == 0 || self.outbox.purge_batch == 0 {
+            bad("outbox.claim_batch", "claim_batch and purge_batch must be positive");
+        }
+        if self.outbox.sending_stale_ms <= self.gateway.send_timeout_ms.min(1_000) {
+            bad("outbox.sending_stale_ms", "must exceed one second");
+        }
+    }
+}
+
+fn addr(v: &str) -> Result<SocketAddr, String> {
+    v.parse().map_err(|_| format!("expected host:port, got {v:?}"))
+}
+
+fn num<T: std::str::FromStr>(v: &str) -> Result<T, String> {
+    v.trim().parse().map_err(|_| format!("expected a non-negative whole number, got {v:?}"))
+}
+
+fn boolean(v: &str) -> Result<bool, String> {
+    match v.trim() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err(format!("expected true or false, got {v:?}")),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// All problems found, printed one per line.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration:")?;
+        for e in &self.0 {
+            writeln!(f, "  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Where environment variables come from; tests pass a map instead of mutating the
+/// process environment.
+pub trait Env {
+    fn vars(&self) -> Vec<(String, String)>;
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn vars(&self) -> Vec<(String, String)> {
+        std::env::vars().collect()
+    }
+}
+
+impl Env for BTreeMap<String, String> {
+    fn vars(&self) -> Vec<(String, String)> {
+        self.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+}
+
+/// What the command line said, besides configuration keys.
+#[derive(Debug, Default, Clone)]
+pub struct Cli {
+    /// Positional words (subcommands), in order.
+    pub args: Vec<String>,
+}
+
+/// Loads the configuration from every layer. `argv` excludes the program name.
+pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli), ConfigErrors> {
+    let mut cfg = Config::defaults(role);
+    let mut errors = Vec::new();
+    let mut cli = Cli::default();
+    let mut file: Option<PathBuf> = None;
+    let mut flag_sets: Vec<(String, String)> = Vec::new();
+
+    let mut it = argv.iter();
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| inline.clone().or_else(|| it.next().cloned()).ok_or_else(|| format!("{name} needs a value"));
+        match name.as_str() {
+            "--config" => match value("--config") {
+                Ok(v) => file = Some(v.into()),
+                Err(e) => errors.push(ConfigError { key: "--config".into(), message: e }),
+            },
+            "--set" => match value("--set").map(|v| v.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))) {
+                Ok(Some(kv)) => flag_sets.push(kv),
+                _ => errors.push(ConfigError { key: "--set".into(), message: "expects key=value".into() }),
+            },
+            "--listen" | "--admin-listen" | "--node-id" | "--mysql-url" | "--redis-url" => match value(&name) {
+                Ok(v) => flag_sets.push((name.trim_start_matches("--").replace('-', "_"), v)),
+                Err(e) => errors.push(ConfigError { key: name.clone(), message: e }),
+            },
+            flag if flag.starts_with('-') => errors.push(ConfigError { key: flag.into(), message: "unknown flag".into() }),
+            word => cli.args.push(word.into()),
+        }
+    }
+
+    let mut env_sets = Vec::new();
+    for (k, v) in env.vars() {
+        let Some(rest) = k.strip_prefix("HERALD_") else { continue };
+        if rest == "CONFIG" {
+            file = file.or(Some(v.into()));
+            continue;
+        }
+        env_sets.push((k.clone(), rest.to_ascii_lowercase().replace("__", "."), v));
+    }
+
+    if let Some(path) = &file {
+        match std::fs::read_to_string(path) {
+            Ok(text) => match text.parse::<toml::Table>() {
+                Ok(table) => {
+                    let mut flat = Vec::new();
+                    flatten("", &toml::Value::Table(table), &mut flat);
+                    for (k, v) in flat {
+                        if let Err(e) = cfg.set(&k, &v) {
+                            errors.push(ConfigError { key: format!("{k} (in {})", path.display()), message: e });
+                        }
+                    }
+                }
+                Err(e) => errors.push(ConfigError { key: path.display().to_string(), message: format!("not valid TOML: {e}") }),
+            },
+            Err(e) => errors.push(ConfigError { key: path.display().to_string(), message: format!("cannot read: {e}") }),
+        }
+    }
+    for (var, key, v) in env_sets {
+        if let Err(e) = cfg.set(&key, &v) {
+            errors.push(ConfigError { key: format!("{key} ({var})"), message: e });
+        }
+    }
+    for (k, v) in flag_sets {
+        if let Err(e) = cfg.set(&k, &v) {
+            errors.push(ConfigError { key: format!("{k} (flag)"), message: e });
+        }
+    }
+    cfg.validate(&mut errors);
+    if errors.is_empty() {
+        Ok((cfg, cli))
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+fn flatten(prefix: &str, value: &toml::Value, out: &mut Vec<(String, String)>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flatten(&key, v, out);
+            }
+        }
+        toml::Value::String(s) => out.push((prefix.into(), s.clone())),
+        toml::Value::Array(items) => {
+            let parts: Vec<String> = items
+                .iter()
+                .map(|i| match i {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect();
+            out.push((prefix.into(), parts.join(",")));
+        }
+        other => out.push((prefix.into(), other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn layers_apply_in_order_file_env_flags() {
+        let dir = std::env::temp_dir().join(format!("herald-cfg-{}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("h.toml");
+        std::fs::write(&file, "node_id = \"from-file\"\n[outbox]\nmax_attempts = 7\nbackoff_ms = [1, 2]\n[worker]\nbatch_max = 9\n").unwrap();
+        let e = env(&[("HERALD_JWT_SECRET", "0123456789abcdef"), ("HERALD_OUTBOX__MAX_ATTEMPTS", "3"), ("HERALD_NODE_ID", "from-env"), ("PATH", "/x")]);
+        let argv: Vec<String> = ["--config", file.to_str().unwrap(), "--node-id", "from-flag", "migrate"].iter().map(|s| s.to_string()).collect();
+        let (cfg, cli) = load(Role::Worker, &argv, &e).unwrap();
+        assert_eq!(cfg.node_id, "from-flag");
+        assert_eq!(cfg.outbox.max_attempts, 3);
+        assert_eq!(cfg.outbox.backoff_ms, vec![1, 2]);
+        assert_eq!(cfg.worker.batch_max, 9);
+        assert_eq!(cli.args, vec!["migrate".to_string()]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn every_bad_key_is_reported_at_once() {
+        let e = env(&[("HERALD_LISTEN", "nope"), ("HERALD_OUTBOX__MAX_ATTEMPTS", "-1"), ("HERALD_BOGUS", "1")]);
+        let err = load(Role::Gateway, &["--wat".to_string()], &e).unwrap_err();
+        let text = err.to_string();
+        for key in ["listen (HERALD_LISTEN)", "outbox.max_attempts", "bogus (HERALD_BOGUS)", "--wat", "jwt_secret"] {
+            assert!(text.contains(key), "{key} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let e = env(&[("HERALD_JWT_SECRET", "supersecretsupersecret")]);
+        let (cfg, _) = load(Role::Gateway, &[], &e).unwrap();
+        assert!(!format!("{cfg:?}").contains("supersecret"));
+    }
+}

@@ -1,0 +1,24 @@
+//! Herald's shared crate: what gateways, workers, the load-test and the tests agree on.
+//!
+//! # Layout
+//! - [`ids`]: snowflake message ids and their exact Redis encodings.
+//! - [`auth`]: HS256 client tokens and identifier rules.
+//! - [`config`]: layered, validated configuration.
+//! - [`protocol`]: wire frames and gateway/worker messages.
+//! - [`error`]: the protocol's error codes.
+//! - [`keys`]: the Redis key schema and Lua scripts.
+//! - [`db`]: the MySQL schema (migrations) and pools.
+//! - [`redis`]: Redis connection settings.
+//! - [`telemetry`]: tracing and metrics setup.
+//! - [`client`]: the Rust client library used by the load-test and the tests.
+
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod ids;
+pub mod keys;
+pub mod protocol;
+pub mod redis;
+pub mod telemetry;

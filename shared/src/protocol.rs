@@ -1,0 +1,149 @@
+//! Wire frames (PROTOCOL.md section 3) and the internal messages between gateways and
+//! workers (ingress stream entries, node-channel envelopes).
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::error::ErrorCode;
+use crate::ids::MsgId;
+
+/// Longest client message id.
+pub const MAX_CMID_LEN: usize = 64;
+
+/// A committed message as clients see it (`msg` frames and history items).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Message {
+    pub id: MsgId,
+    pub conv: String,
+    pub seq: u64,
+    pub from: String,
+    pub cmid: String,
+    pub ts: u64,
+    pub body: Box<RawValue>,
+}
+
+/// The answer to a send, over HTTP (`200`) or as a `sent` frame.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SendResult {
+    pub id: MsgId,
+    pub conv: String,
+    pub seq: u64,
+    pub ts: u64,
+    pub dup: bool,
+}
+
+/// Serializes a `msg` frame once; its bytes are shared by every recipient.
+pub fn msg_frame(m: &Message) -> String {
+    #[derive(Serialize)]
+    struct Frame<'a> {
+        t: &'static str,
+        #[serde(flatten)]
+        m: &'a Message,
+    }
+    serde_json::to_string(&Frame { t: "msg", m }).expect("message serializes")
+}
+
+/// One send request, as the gateway writes it into an ingress stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IngressEntry {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+    pub cmid: String,
+    pub conv: String,
+    /// The body's JSON text, already validated and size-checked by the gateway.
+    pub body: String,
+    /// Gateway node that waits for the answer, and its request id there.
+    pub node: String,
+    pub rid: u64,
+}
+
+impl IngressEntry {
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("tid", self.tenant.clone()),
+            ("uid", self.user.clone()),
+            ("dev", self.device.clone()),
+            ("cmid", self.cmid.clone()),
+            ("conv", self.conv.clone()),
+            ("body", self.body.clone()),
+            ("node", self.node.clone()),
+            ("rid", self.rid.to_string()),
+        ]
+    }
+
+    pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<IngressEntry> {
+        let get = |k: &str| f.get(k).cloned();
+        Some(IngressEntry {
+            tenant: get("tid")?,
+            user: get("uid")?,
+            device: get("dev")?,
+            cmid: get("cmid")?,
+            conv: get("conv")?,
+            body: get("body")?,
+            node: get("node")?,
+            rid: get("rid")?.parse().ok()?,
+        })
+    }
+}
+
+/// What a worker tells a gateway node about one send request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SendNotice {
+    pub rid: u64,
+    #[serde(flatten)]
+    pub outcome: SendOutcome,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SendOutcome {
+    Ok(SendResult),
+    Err { code: ErrorCode, message: String },
+}
+
+/// One message pushed to a set of devices on one node.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Delivery {
+    pub id: MsgId,
+    pub frame: Box<RawValue>,
+    /// (tenant, user, device) of every recipient device on the node.
+    pub to: Vec<(String, String, String)>,
+}
+
+/// Everything published to one node's channel in one go.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct NodeEnvelope {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sent: Vec<SendNotice>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deliver: Vec<Delivery>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn msg_frames_carry_ids_as_strings_and_the_body_verbatim() {
+        let m = Message {
+            id: MsgId(7_405_329_411_723_264_001),
+            conv: "c1".into(),
+            seq: 3,
+            from: "alice".into(),
+            cmid: "m-1".into(),
+            ts: 1,
+            body: RawValue::from_string(r#"{"text":"hi"}"#.into()).unwrap(),
+        };
+        let f = msg_frame(&m);
+        assert!(f.starts_with(r#"{"t":"msg","id":"7405329411723264001""#), "{f}");
+        assert!(f.contains(r#""body":{"text":"hi"}"#));
+    }
+
+    #[test]
+    fn notices_round_trip() {
+        let n = SendNotice { rid: 4, outcome: SendOutcome::Err { code: ErrorCode::Forbidden, message: "not a member".into() } };
+        let s = serde_json::to_string(&n).unwrap();
+        assert_eq!(serde_json::from_str::<SendNotice>(&s).unwrap(), n);
+    }
+}

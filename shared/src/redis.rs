@@ -1,0 +1,71 @@
+//! Redis connections: URL parsing (standalone or `redis-cluster://h1:p1,h2:p2`) and
+//! client settings that fail fast while Redis is down instead of queueing forever.
+
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::{ReconnectPolicy, UnresponsiveConfig};
+
+/// Turns Herald's `redis-cluster://h1:p1,h2:p2` into fred's `?node=` form.
+fn fred_url(url: &str) -> String {
+    if let Some(rest) = url.strip_prefix("redis-cluster://") {
+        let (hosts, query) = rest.split_once('?').map_or((rest, None), |(h, q)| (h, Some(q)));
+        let (auth, hosts) = hosts.rsplit_once('@').map_or(("", hosts), |(a, h)| (a, h));
+        let mut nodes = hosts.trim_end_matches('/').split(',');
+        let first = nodes.next().unwrap_or_default();
+        let mut out = format!("redis-cluster://{}{}{first}", auth, if auth.is_empty() { "" } else { "@" });
+        let extra: Vec<String> = nodes.map(|n| format!("node={n}")).chain(query.map(str::to_owned)).collect();
+        if !extra.is_empty() {
+            out.push('?');
+            out.push_str(&extra.join("&"));
+        }
+        out
+    } else {
+        url.to_owned()
+    }
+}
+
+/// A builder with Herald's settings: commands time out after `command_timeout`,
+/// reconnects retry forever with capped backoff.
+pub fn builder(url: &str, command_timeout: Duration) -> Result<Builder, Error> {
+    let config = Config::from_url(&fred_url(url))?;
+    let mut b = Builder::from_config(config);
+    b.with_performance_config(|p| {
+        p.default_command_timeout = command_timeout;
+    })
+    .with_connection_config(|c| {
+        c.connection_timeout = Duration::from_secs(2);
+        c.internal_command_timeout = Duration::from_secs(2);
+        c.max_command_attempts = 2;
+        c.unresponsive = UnresponsiveConfig { max_timeout: Some(Duration::from_secs(5)), interval: Duration::from_secs(1) };
+    })
+    .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2));
+    Ok(b)
+}
+
+/// A connected pool for ordinary (non-blocking) commands.
+pub async fn pool(url: &str, size: usize) -> Result<Pool, Error> {
+    let pool = builder(url, Duration::from_secs(3))?.build_pool(size)?;
+    pool.init().await?;
+    Ok(pool)
+}
+
+/// Checks `maxmemory-policy`: pending sets must never be evicted.
+pub async fn eviction_policy(client: &Client) -> Result<String, Error> {
+    let v: Vec<String> = client.config_get("maxmemory-policy").await.map(|m: std::collections::HashMap<String, String>| {
+        m.into_values().collect()
+    })?;
+    Ok(v.into_iter().next().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_become_fred_node_lists() {
+        assert_eq!(fred_url("redis-cluster://h1:1,h2:2,h3:3"), "redis-cluster://h1:1?node=h2:2&node=h3:3");
+        assert_eq!(fred_url("redis-cluster://u:p@h1:1,h2:2"), "redis-cluster://u:p@h1:1?node=h2:2");
+        assert_eq!(fred_url("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
+    }
+}

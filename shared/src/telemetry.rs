@@ -1,0 +1,22 @@
+//! Tracing and the Prometheus recorder, set up once per process.
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::EnvFilter;
+
+/// Logs to stderr; `RUST_LOG` wins over the configured filter.
+pub fn init_tracing(default_filter: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Installs the global metrics recorder; the handle renders `/metrics`.
+pub fn init_metrics() -> PrometheusHandle {
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(&[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+        .expect("static buckets are valid")
+        .build_recorder();
+    let handle = recorder.handle();
+    // A second install (tests start several servers in one process) keeps the first.
+    let _ = metrics::set_global_recorder(recorder);
+    handle
+}
