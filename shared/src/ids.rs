@@ -115,6 +115,16 @@ impl Snowflake {
         self.worker = u64::from(worker);
     }
 
+    /// Makes every later id greater than `floor` (an id issued elsewhere, perhaps by
+    /// a process whose clock runs ahead).
+    pub fn observe(&mut self, floor: MsgId) {
+        let floor_ms = floor.0 >> (WORKER_BITS + SEQUENCE_BITS);
+        if floor_ms >= self.last_ms {
+            self.last_ms = floor_ms + 1;
+            self.sequence = 0;
+        }
+    }
+
     pub fn next_id(&mut self) -> MsgId {
         self.next_at(now_ms())
     }
@@ -150,6 +160,16 @@ mod tests {
         assert!(a < b && b < c, "{a} {b} {c}");
         assert_eq!(a.worker(), 7);
         assert!(a.0 > 1 << 53, "tests must use ids above 2^53");
+    }
+
+    #[test]
+    fn observed_ids_from_a_clock_ahead_are_never_undercut() {
+        let mut g = Snowflake::new(1);
+        let t = EPOCH_MS + 1_000_000;
+        let ahead = MsgId::lowest_at(t + 60_000).0 | (900 << SEQUENCE_BITS);
+        g.observe(MsgId(ahead));
+        let next = g.next_at(t);
+        assert!(next.0 > ahead);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`keys`]: the Redis key schema and Lua scripts.
 //! - [`db`]: the MySQL schema (migrations) and pools.
 //! - [`redis`]: Redis connection settings.
+//! - [`ops`]: health, readiness, metrics and the admin guard.
 //! - [`telemetry`]: tracing and metrics setup.
 //! - [`client`]: the Rust client library used by the load-test and the tests.
 
@@ -19,6 +20,7 @@ pub mod db;
 pub mod error;
 pub mod ids;
 pub mod keys;
+pub mod ops;
 pub mod protocol;
 pub mod redis;
 pub mod telemetry;

@@ -1,1 +1,42 @@
-fn main(){}
+//! `herald-worker [migrate] [--config FILE] [--set key=value ...]`
+
+use std::process::ExitCode;
+
+use herald_shared::config::{load, ProcessEnv, Role};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let (cfg, cli) = match load(Role::Worker, &argv, &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprint!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    herald_shared::telemetry::init_tracing(&cfg.log);
+    let result = match cli.args.first().map(String::as_str) {
+        None | Some("run") => herald_worker::run(cfg, shutdown_signal()).await,
+        Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),
+        Some(other) => {
+            eprintln!("unknown command {other:?}; expected `run` or `migrate`");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "worker failed");
+            eprintln!("herald-worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

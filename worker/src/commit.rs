@@ -1,0 +1,291 @@
+//! The commit pipeline: one MySQL transaction per batch of ingress entries.
+//!
+//! In one transaction: dedup by (tenant, sender, cmid); lock the conversations in a
+//! fixed order; check membership; number the messages (`seq`) in stream order; insert
+//! them in one multi-row statement; move the conversations' `last_seq`; write one
+//! outbox row covering the batch. Nothing is acknowledged before COMMIT returns.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
+
+use herald_shared::error::ErrorCode;
+use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::protocol::{IngressEntry, SendResult};
+use sqlx::mysql::MySqlPool;
+use sqlx::{MySql, QueryBuilder, Row};
+
+use crate::lease::{IdSource, NoIdLease};
+
+/// A message committed by this batch, with what fan-out needs.
+#[derive(Clone, Debug)]
+pub struct Committed {
+    pub id: MsgId,
+    pub tenant: String,
+    pub conv: String,
+    pub seq: u64,
+    pub sender: String,
+    pub sender_device: String,
+    pub cmid: String,
+    pub ts: u64,
+    pub body: String,
+}
+
+/// What happened to one entry of the batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Committed now (`dup: false`) or earlier (`dup: true`).
+    Done(SendResult),
+    Rejected(ErrorCode, String),
+}
+
+#[derive(Debug, Default)]
+pub struct BatchResult {
+    /// One per entry, in entry order.
+    pub outcomes: Vec<Outcome>,
+    pub committed: Vec<Committed>,
+    /// The outbox row covering `committed`.
+    pub outbox_id: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    NoIds(#[from] NoIdLease),
+}
+
+impl CommitError {
+    /// Deadlocks and unique-key races (another worker committed the same cmid while
+    /// this shard changed hands) are resolved by running the batch again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CommitError::Db(sqlx::Error::Database(e)) => {
+                matches!(e.code().as_deref(), Some("40001") | Some("23000")) || e.message().contains("Deadlock")
+            }
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct CommitPipeline {
+    db: MySqlPool,
+    first_retry_delay_ms: u64,
+}
+
+struct ConvState {
+    kind: String,
+    created_at: i64,
+    last_seq: u64,
+    last_id: MsgId,
+    last_active_at: i64,
+    members: HashSet<String>,
+    changed: bool,
+}
+
+impl CommitPipeline {
+    pub fn new(db: MySqlPool, first_retry_delay_ms: u64) -> Self {
+        CommitPipeline { db, first_retry_delay_ms }
+    }
+
+    pub async fn commit(&self, entries: &[IngressEntry], ids: &IdSource) -> Result<BatchResult, CommitError> {
+        let started = Instant::now();
+        let mut tx = self.db.begin().await?;
+        let now = now_ms();
+
+        // 1. Repeats of already committed messages.
+        let mut existing: HashMap<(String, String, String), SendResult> = HashMap::new();
+        if !entries.is_empty() {
+            let mut q = QueryBuilder::<MySql>::new("SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at FROM messages WHERE ");
+            let mut sep = q.separated(" OR ");
+            for e in entries {
+                sep.push("(tenant_id = ")
+                    .push_bind_unseparated(&e.tenant)
+                    .push_unseparated(" AND sender_id = ")
+                    .push_bind_unseparated(&e.user)
+                    .push_unseparated(" AND client_msg_id = ")
+                    .push_bind_unseparated(&e.cmid)
+                    .push_unseparated(")");
+            }
+            for row in q.build().fetch_all(&mut *tx).await? {
+                let key = (row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?, row.try_get::<String, _>(2)?);
+                let r = SendResult {
+                    id: MsgId(row.try_get::<u64, _>(3)?),
+                    conv: row.try_get(4)?,
+                    seq: row.try_get(5)?,
+                    ts: row.try_get::<i64, _>(6)? as u64,
+                    dup: true,
+                };
+                existing.insert(key, r);
+            }
+        }
+
+        // 2. Lock the conversations the new messages go to, in a fixed order.
+        let mut wanted: Vec<(&str, &str)> = entries
+            .iter()
+            .filter(|e| !existing.contains_key(&(e.tenant.clone(), e.user.clone(), e.cmid.clone())))
+            .map(|e| (e.tenant.as_str(), e.conv.as_str()))
+            .collect();
+        wanted.sort();
+        wanted.dedup();
+        let mut convs: BTreeMap<(String, String), ConvState> = BTreeMap::new();
+        if !wanted.is_empty() {
+            let mut q = QueryBuilder::<MySql>::new(
+                "SELECT tenant_id, id, kind, created_at, last_seq, COALESCE(last_msg_id, 0), last_active_at FROM conversations WHERE ",
+            );
+            push_pairs(&mut q, "id", &wanted);
+            q.push(" ORDER BY tenant_id, id FOR UPDATE");
+            for row in q.build().fetch_all(&mut *tx).await? {
+                convs.insert(
+                    (row.try_get(0)?, row.try_get(1)?),
+                    ConvState {
+                        kind: row.try_get(2)?,
+                        created_at: row.try_get(3)?,
+                        last_seq: row.try_get(4)?,
+                        last_id: MsgId(row.try_get::<u64, _>(5)?),
+                        last_active_at: row.try_get(6)?,
+                        members: HashSet::new(),
+                        changed: false,
+                    },
+                );
+            }
+            let mut q = QueryBuilder::<MySql>::new("SELECT tenant_id, conv_id, user_id FROM members WHERE left_seq IS NULL AND (");
+            push_pairs(&mut q, "conv_id", &wanted);
+            q.push(")");
+            for row in q.build().fetch_all(&mut *tx).await? {
+                let key: (String, String) = (row.try_get(0)?, row.try_get(1)?);
+                if let Some(c) = convs.get_mut(&key) {
+                    c.members.insert(row.try_get(2)?);
+                }
+            }
+        }
+
+        // 3. Number the new messages in stream order.
+        let mut result = BatchResult::default();
+        let mut planned: Vec<(usize, (String, String), u64, MsgId)> = Vec::new();
+        let mut seen_in_batch: HashMap<(String, String, String), usize> = HashMap::new();
+        let mut floors = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
+            if let Some(r) = existing.get(&dedup_key) {
+                result.outcomes.push(Outcome::Done(r.clone()));
+                continue;
+            }
+            if let Some(&first) = seen_in_batch.get(&dedup_key) {
+                // Resolved after ids are assigned, to the first occurrence's answer.
+                result.outcomes.push(Outcome::Rejected(ErrorCode::Internal, format!("#dup-of:{first}")));
+                continue;
+            }
+            let key = (e.tenant.clone(), e.conv.clone());
+            let Some(conv) = convs.get_mut(&key) else {
+                result.outcomes.push(Outcome::Rejected(ErrorCode::NotFound, "no such conversation".into()));
+                continue;
+            };
+            if !conv.members.contains(&e.user) {
+                result.outcomes.push(Outcome::Rejected(ErrorCode::Forbidden, "not a member of this conversation".into()));
+                continue;
+            }
+            conv.last_seq += 1;
+            conv.changed = true;
+            conv.last_active_at = now as i64;
+            floors.push(conv.last_id);
+            planned.push((i, key, conv.last_seq, MsgId(0)));
+            seen_in_batch.insert(dedup_key, i);
+            result.outcomes.push(Outcome::Done(SendResult { id: MsgId(0), conv: e.conv.clone(), seq: conv.last_seq, ts: now, dup: false }));
+        }
+        let new_ids = ids.next_ids(&floors)?;
+        for (p, id) in planned.iter_mut().zip(new_ids) {
+            p.3 = id;
+            if let Some(c) = convs.get_mut(&p.1) {
+                c.last_id = c.last_id.max(id);
+            }
+            if let Outcome::Done(r) = &mut result.outcomes[p.0] {
+                r.id = id;
+            }
+        }
+        for i in 0..result.outcomes.len() {
+            if let Outcome::Rejected(_, m) = &result.outcomes[i] {
+                if let Some(first) = m.strip_prefix("#dup-of:").and_then(|f| f.parse::<usize>().ok()) {
+                    let mut r = match &result.outcomes[first] {
+                        Outcome::Done(r) => r.clone(),
+                        other => unreachable!("first occurrence was planned: {other:?}"),
+                    };
+                    r.dup = true;
+                    result.outcomes[i] = Outcome::Done(r);
+                }
+            }
+        }
+
+        if !planned.is_empty() {
+            // 4. The messages, in one statement.
+            let mut q = QueryBuilder::<MySql>::new(
+                "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at) ",
+            );
+            q.push_values(&planned, |mut b, (i, _, seq, id)| {
+                let e = &entries[*i];
+                b.push_bind(id.0).push_bind(&e.tenant).push_bind(&e.conv).push_bind(*seq).push_bind(&e.user).push_bind(&e.device).push_bind(&e.cmid).push_bind(&e.body).push_bind(now as i64);
+            });
+            q.build().execute(&mut *tx).await?;
+
+            // 5. The conversations' new positions, in one statement (the rows exist and are locked).
+            let changed: Vec<(&(String, String), &ConvState)> = convs.iter().filter(|(_, c)| c.changed).collect();
+            let mut q = QueryBuilder::<MySql>::new("INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) ");
+            q.push_values(&changed, |mut b, ((t, id), c)| {
+                b.push_bind(t).push_bind(id).push_bind(&c.kind).push_bind(c.created_at).push_bind(c.last_seq).push_bind(c.last_id.0).push_bind(c.last_active_at);
+            });
+            q.push(" ON DUPLICATE KEY UPDATE last_seq = VALUES(last_seq), last_msg_id = VALUES(last_msg_id), last_active_at = VALUES(last_active_at)");
+            q.build().execute(&mut *tx).await?;
+
+            // 6. One outbox row for the whole batch, due a little later: the immediate
+            // dispatch below normally finishes it first.
+            let ids: Vec<String> = planned.iter().map(|p| p.3.to_string()).collect();
+            let payload = serde_json::json!({ "ids": ids }).to_string();
+            let res = sqlx::query(
+                "INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ?, 'PENDING', 0, ?, ?, ?)",
+            )
+            .bind(payload)
+            .bind((now + self.first_retry_delay_ms) as i64)
+            .bind(now as i64)
+            .bind(now as i64)
+            .execute(&mut *tx)
+            .await?;
+            result.outbox_id = Some(res.last_insert_id());
+        }
+        tx.commit().await?;
+
+        result.committed = planned
+            .iter()
+            .map(|(i, _, seq, id)| {
+                let e = &entries[*i];
+                Committed {
+                    id: *id,
+                    tenant: e.tenant.clone(),
+                    conv: e.conv.clone(),
+                    seq: *seq,
+                    sender: e.user.clone(),
+                    sender_device: e.device.clone(),
+                    cmid: e.cmid.clone(),
+                    ts: now,
+                    body: e.body.clone(),
+                }
+            })
+            .collect();
+        metrics::histogram!("herald_worker_commit_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("herald_worker_batch_size").record(entries.len() as f64);
+        metrics::counter!("herald_messages_committed_total").increment(result.committed.len() as u64);
+        Ok(result)
+    }
+}
+
+/// `(tenant_id = ? AND <col> = ?) OR ...`
+fn push_pairs(q: &mut QueryBuilder<'_, MySql>, col: &str, pairs: &[(&str, &str)]) {
+    let mut sep = q.separated(" OR ");
+    for (t, id) in pairs {
+        sep.push("(tenant_id = ")
+            .push_bind_unseparated(t.to_string())
+            .push_unseparated(format!(" AND {col} = "))
+            .push_bind_unseparated(id.to_string())
+            .push_unseparated(")");
+    }
+}

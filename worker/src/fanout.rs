@@ -1,0 +1,225 @@
+//! Fan-out of committed messages into Redis.
+//!
+//! For each message: its `msg` frame is serialized once and stored at `m:{id}`; every
+//! eligible device of every member (except the sending device) gets the id in its
+//! pending set through one Lua call per user (one slot); the gateways holding online
+//! devices get one PUBLISH per node carrying the frames. All of it is one pipeline.
+//! Fan-out is idempotent, so the outbox may run it again after a partial failure.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fred::prelude::*;
+use fred::interfaces::LuaInterface;
+use fred::types::scripts::Script;
+use fred::types::{ClusterHash, CustomCommand};
+use herald_shared::ids::MsgId;
+use herald_shared::keys::{Keys, FANOUT_LUA};
+use herald_shared::protocol::{msg_frame, Delivery, Message, NodeEnvelope};
+use serde_json::value::RawValue;
+use sqlx::mysql::MySqlPool;
+use sqlx::{MySql, QueryBuilder, Row};
+
+use crate::commit::Committed;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FanoutError {
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+    #[error("stored message {0} has a body that is not JSON")]
+    Corrupt(MsgId),
+}
+
+#[derive(Debug)]
+pub struct Fanout {
+    db: MySqlPool,
+    redis: Pool,
+    keys: Keys,
+    script: Script,
+    message_ttl_s: i64,
+    pending_cap: u64,
+}
+
+/// Pending-set additions for one user: device -> messages.
+type UserPlan = BTreeMap<String, Vec<MsgId>>;
+
+impl Fanout {
+    pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64) -> Self {
+        Fanout { db, redis, keys, script: Script::from_lua(FANOUT_LUA), message_ttl_s: message_ttl_s as i64, pending_cap }
+    }
+
+    /// Reads committed messages back from MySQL (for the outbox dispatcher).
+    pub async fn load(&self, ids: &[MsgId]) -> Result<Vec<Committed>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at FROM messages WHERE id IN (",
+        );
+        let mut sep = q.separated(", ");
+        for id in ids {
+            sep.push_bind(id.0);
+        }
+        q.push(") ORDER BY id");
+        let rows = q.build().fetch_all(&self.db).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Committed {
+                    id: MsgId(r.try_get::<u64, _>(0)?),
+                    tenant: r.try_get(1)?,
+                    conv: r.try_get(2)?,
+                    seq: r.try_get(3)?,
+                    sender: r.try_get(4)?,
+                    sender_device: r.try_get(5)?,
+                    cmid: r.try_get(6)?,
+                    body: r.try_get(7)?,
+                    ts: r.try_get::<i64, _>(8)? as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// Every (conv, user, joined_seq, left_seq, device) for the conversations of `msgs`.
+    async fn recipients(&self, msgs: &[Committed]) -> Result<Vec<(String, String, String, u64, Option<u64>, String)>, sqlx::Error> {
+        let mut pairs: Vec<(&str, &str)> = msgs.iter().map(|m| (m.tenant.as_str(), m.conv.as_str())).collect();
+        pairs.sort();
+        pairs.dedup();
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, d.device_id FROM members m \
+             JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id WHERE ",
+        );
+        let mut sep = q.separated(" OR ");
+        for (t, c) in &pairs {
+            sep.push("(m.tenant_id = ")
+                .push_bind_unseparated(t.to_string())
+                .push_unseparated(" AND m.conv_id = ")
+                .push_bind_unseparated(c.to_string())
+                .push_unseparated(")");
+        }
+        let rows = q.build().fetch_all(&self.db).await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?, r.try_get(5)?)))
+            .collect()
+    }
+
+    pub async fn deliver(&self, msgs: &[Committed]) -> Result<(), FanoutError> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
+        let recipients = self.recipients(msgs).await?;
+        let mut by_conv: HashMap<(&str, &str), Vec<(&str, u64, Option<u64>, &str)>> = HashMap::new();
+        for (t, c, u, joined, left, d) in &recipients {
+            by_conv.entry((t.as_str(), c.as_str())).or_default().push((u.as_str(), *joined, *left, d.as_str()));
+        }
+
+        let mut frames: HashMap<MsgId, String> = HashMap::with_capacity(msgs.len());
+        let mut plans: BTreeMap<(String, String), UserPlan> = BTreeMap::new();
+        for m in msgs {
+            let body = RawValue::from_string(m.body.clone()).map_err(|_| FanoutError::Corrupt(m.id))?;
+            let frame = msg_frame(&Message { id: m.id, conv: m.conv.clone(), seq: m.seq, from: m.sender.clone(), cmid: m.cmid.clone(), ts: m.ts, body });
+            frames.insert(m.id, frame);
+            for (user, joined, left, device) in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
+                let eligible = *joined < m.seq && left.is_none_or(|l| m.seq <= l);
+                let is_sender_device = *user == m.sender && *device == m.sender_device;
+                if eligible && !is_sender_device {
+                    plans.entry((m.tenant.clone(), user.to_string())).or_default().entry(device.to_string()).or_default().push(m.id);
+                }
+            }
+        }
+
+        let client = self.redis.next();
+        let results = match self.write(client, msgs, &frames, &plans).await {
+            Err(e) if e.to_string().contains("NOSCRIPT") => {
+                if client.is_clustered() {
+                    let _: () = client.script_load_cluster(FANOUT_LUA).await?;
+                } else {
+                    let _: String = client.script_load(FANOUT_LUA).await?;
+                }
+                self.write(client, msgs, &frames, &plans).await?
+            }
+            other => other?,
+        };
+
+        // Online devices, grouped by the node that holds them.
+        let mut by_node: BTreeMap<String, HashMap<MsgId, Vec<(String, String, String)>>> = BTreeMap::new();
+        for (((tenant, user), plan), online) in plans.iter().zip(results) {
+            for (device, node) in online {
+                let Some(ids) = plan.get(&device) else { continue };
+                for id in ids {
+                    by_node.entry(node.clone()).or_default().entry(*id).or_default().push((tenant.clone(), user.clone(), device.clone()));
+                }
+            }
+        }
+        if !by_node.is_empty() {
+            let pipe = client.pipeline();
+            for (node, deliveries) in by_node {
+                let mut env = NodeEnvelope::default();
+                for (id, to) in deliveries {
+                    let frame = RawValue::from_string(frames[&id].clone()).map_err(|_| FanoutError::Corrupt(id))?;
+                    env.deliver.push(Delivery { id, frame, to });
+                }
+                let payload = serde_json::to_string(&env).expect("envelope serializes");
+                let _: () = pipe.publish(self.keys.node_channel(&node), payload).await?;
+            }
+            let _: Vec<Value> = pipe.all().await?;
+        }
+        metrics::counter!("herald_fanout_messages_total").increment(msgs.len() as u64);
+        Ok(())
+    }
+
+    /// Stores frames and pending entries; returns, per user plan, the online devices
+    /// and their nodes.
+    async fn write(
+        &self,
+        client: &Client,
+        msgs: &[Committed],
+        frames: &HashMap<MsgId, String>,
+        plans: &BTreeMap<(String, String), UserPlan>,
+    ) -> Result<Vec<Vec<(String, String)>>, fred::error::Error> {
+        let pipe = client.pipeline();
+        for m in msgs {
+            let _: () = pipe.set(self.keys.message(m.id), frames[&m.id].as_str(), Some(Expiration::EX(self.message_ttl_s)), None, false).await?;
+        }
+        for ((tenant, user), plan) in plans {
+            let mut keys = vec![self.keys.presence(tenant, user), self.keys.overflow(tenant, user)];
+            let mut args: Vec<Value> = vec![self.pending_cap.to_string().into(), plan.len().to_string().into()];
+            for (device, ids) in plan {
+                keys.push(self.keys.pending(tenant, user, device));
+                args.push(device.as_str().into());
+                args.push(ids.len().to_string().into());
+                for id in ids {
+                    args.push(id.score().into());
+                    args.push(id.member().into());
+                }
+            }
+            // EVALSHA through `custom`: pipelines have no Lua interface. The slot is
+            // the first key's (offset 2: sha, numkeys, key...).
+            let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+            call.push(self.script.sha1().clone().into());
+            call.push((keys.len() as i64).into());
+            call.extend(keys.into_iter().map(Value::from));
+            call.extend(args);
+            let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), call).await?;
+        }
+        let mut results = pipe.try_all::<Value>().await.into_iter();
+        for _ in msgs {
+            results.next().transpose()?;
+        }
+        let mut online = Vec::with_capacity(plans.len());
+        for r in results {
+            let mut devices = Vec::new();
+            let flat = r?.into_array();
+            for pair in flat.chunks(2) {
+                if let [dev, Value::String(presence)] = pair {
+                    let node = presence.split('|').next().unwrap_or_default().to_string();
+                    if let (Some(dev), false) = (dev.as_string(), node.is_empty()) {
+                        devices.push((dev, node));
+                    }
+                }
+            }
+            online.push(devices);
+        }
+        Ok(online)
+    }
+}

@@ -1,0 +1,293 @@
+//! Ingress: who consumes which stream, and the loop that consumes one.
+//!
+//! [`ShardBalancer`] keeps this worker's fair share of the ingress shards leased
+//! (ceil(shards / live workers)), renews those leases, and runs one [`IngressShard`]
+//! consumer per owned shard. A consumer stops as soon as its lease is no longer surely
+//! held, and a new owner first claims every entry the previous one left pending
+//! (XAUTOCLAIM), so no accepted send is dropped and each stream has one consumer at
+//! a time (per-conversation order).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::streams::XReadValue;
+use herald_shared::ids::now_ms;
+use herald_shared::keys::INGRESS_GROUP;
+use herald_shared::protocol::{IngressEntry, NodeEnvelope, SendNotice, SendOutcome};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::commit::Outcome;
+use crate::lease::Lease;
+use crate::Shared;
+
+type Entry = XReadValue<String, String, String>;
+
+/// One owned shard: its lease and its consumer task.
+struct OwnedShard {
+    lease: Arc<Lease>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+pub struct ShardBalancer {
+    shared: Arc<Shared>,
+    owned: BTreeMap<u32, OwnedShard>,
+}
+
+impl ShardBalancer {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        ShardBalancer { shared, owned: BTreeMap::new() }
+    }
+
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let period = Duration::from_millis(self.shared.cfg.worker.lease_ttl_ms / 3);
+        loop {
+            match self.tick().await {
+                Ok(()) => self.shared.balancer_ok.store(true, std::sync::atomic::Ordering::Release),
+                Err(e) => {
+                    self.shared.balancer_ok.store(false, std::sync::atomic::Ordering::Release);
+                    metrics::counter!("herald_redis_errors_total", "source" => "lease").increment(1);
+                    tracing::warn!(error = %e, "shard lease round failed");
+                }
+            }
+            metrics::gauge!("herald_worker_owned_shards").set(self.owned.len() as f64);
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(period) => {}
+            }
+        }
+        let shards: Vec<u32> = self.owned.keys().copied().collect();
+        for s in shards {
+            self.give_up(s).await;
+        }
+        let redis = &self.shared.redis;
+        let _: Result<i64, _> = redis.zrem(self.shared.keys.workers(), self.shared.cfg.node_id.as_str()).await;
+        self.shared.ids.release(redis).await;
+    }
+
+    async fn give_up(&mut self, shard: u32) {
+        if let Some(o) = self.owned.remove(&shard) {
+            o.cancel.cancel();
+            // A batch in flight finishes (bounded by MySQL's timeouts) before the lease goes.
+            let _ = tokio::time::timeout(Duration::from_secs(10), o.task).await;
+            o.lease.release(&self.shared.redis).await;
+            tracing::info!(shard, "ingress shard released");
+        }
+    }
+
+    async fn tick(&mut self) -> Result<(), Error> {
+        let s = self.shared.clone();
+        let ttl = Duration::from_millis(s.cfg.worker.lease_ttl_ms);
+        s.ids.maintain(&s.redis, &s.keys, ttl).await?;
+
+        let now = now_ms() as f64;
+        let _: i64 = s.redis.zadd(s.keys.workers(), None, None, false, false, (now, s.cfg.node_id.as_str())).await?;
+        let _: i64 = s.redis.zremrangebyscore(s.keys.workers(), f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;
+        let live: u64 = s.redis.zcard(s.keys.workers()).await?;
+        let shards = s.cfg.ingress.shards;
+        let target = shards.div_ceil(live.max(1) as u32);
+
+        // Keep what we hold; drop what we lost or what stopped.
+        let held: Vec<u32> = self.owned.keys().copied().collect();
+        for shard in held {
+            let o = &self.owned[&shard];
+            let alive = !o.task.is_finished() && o.lease.renew(&s.redis).await.unwrap_or(false);
+            if !alive || !o.lease.is_valid() {
+                tracing::warn!(shard, "ingress shard lease lost or consumer stopped");
+                self.give_up(shard).await;
+            }
+        }
+        while self.owned.len() as u32 > target {
+            let shard = *self.owned.keys().next_back().expect("non-empty");
+            self.give_up(shard).await;
+        }
+        if (self.owned.len() as u32) < target {
+            // Start at a node-specific offset so workers do not all race for shard 0.
+            let offset = herald_shared::keys::shard_of("", &s.cfg.node_id, shards);
+            for i in 0..shards {
+                if self.owned.len() as u32 >= target {
+                    break;
+                }
+                let shard = (offset + i) % shards;
+                if self.owned.contains_key(&shard) {
+                    continue;
+                }
+                if let Some(lease) = Lease::acquire(&s.redis, s.keys.lease(&format!("shard:{shard}")), ttl).await? {
+                    tracing::info!(shard, "ingress shard acquired");
+                    let cancel = CancellationToken::new();
+                    let consumer = IngressShard { shard, key: s.keys.ingress(shard), shared: s.clone(), lease: lease.clone() };
+                    let task = tokio::spawn(consumer.run(cancel.clone()));
+                    self.owned.insert(shard, OwnedShard { lease, cancel, task });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The consumer of one ingress stream.
+pub struct IngressShard {
+    shard: u32,
+    key: String,
+    shared: Arc<Shared>,
+    lease: Arc<Lease>,
+}
+
+impl IngressShard {
+    async fn run(self, cancel: CancellationToken) {
+        let block = self.shared.cfg.worker.batch_block_ms;
+        let client = match herald_shared::redis::builder(&self.shared.cfg.redis_url, Duration::from_millis(block + 3_000)).and_then(|b| b.build()) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the ingress client");
+                return;
+            }
+        };
+        let _ = client.init().await;
+        while !cancel.is_cancelled() && self.lease.is_valid() {
+            match self.consume(&client, &cancel).await {
+                Ok(()) => break,
+                Err(e) => {
+                    metrics::counter!("herald_redis_errors_total", "source" => "ingress").increment(1);
+                    tracing::warn!(shard = self.shard, error = %e, "ingress consumer error; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+        let _ = client.quit().await;
+    }
+
+    async fn consume(&self, client: &Client, cancel: &CancellationToken) -> Result<(), Error> {
+        let me = self.shared.cfg.node_id.as_str();
+        let count = self.shared.cfg.worker.batch_max as u64;
+        match client.xgroup_create::<(), _, _, _>(&self.key, INGRESS_GROUP, "0", true).await {
+            Ok(()) => {}
+            Err(e) if e.to_string().contains("BUSYGROUP") => {}
+            Err(e) => return Err(e),
+        }
+        // Whatever a previous owner (or an earlier life of this node) read but did not
+        // acknowledge comes first.
+        let mut cursor = "0-0".to_string();
+        loop {
+            let (next, entries): (String, Vec<Entry>) =
+                client.xautoclaim_values(&self.key, INGRESS_GROUP, me, 0, cursor.as_str(), Some(count), false).await?;
+            if !entries.is_empty() {
+                tracing::info!(shard = self.shard, entries = entries.len(), "took over pending ingress entries");
+                if !self.process(client, entries, cancel).await? {
+                    return Ok(());
+                }
+            }
+            if next == "0-0" {
+                break;
+            }
+            cursor = next;
+        }
+        loop {
+            if cancel.is_cancelled() || !self.lease.is_valid() {
+                return Ok(());
+            }
+            let read = client.xreadgroup::<Value, _, _, _, _>(
+                INGRESS_GROUP,
+                me,
+                Some(count),
+                Some(self.shared.cfg.worker.batch_block_ms),
+                false,
+                &self.key,
+                ">",
+            );
+            let value = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                v = read => v?,
+            };
+            if value.is_null() {
+                continue;
+            }
+            let mut streams: HashMap<String, Vec<Entry>> = value.into_xread_response()?;
+            let entries = streams.remove(&self.key).unwrap_or_default();
+            if !entries.is_empty() && !self.process(client, entries, cancel).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Commits, answers, fans out and acknowledges one batch. `Ok(false)` when the
+    /// shard must stop (lease lost or shutdown) with the batch left pending.
+    async fn process(&self, client: &Client, entries: Vec<Entry>, cancel: &CancellationToken) -> Result<bool, Error> {
+        let s = &self.shared;
+        let mut xids = Vec::with_capacity(entries.len());
+        let mut valid = Vec::with_capacity(entries.len());
+        for (xid, fields) in &entries {
+            xids.push(xid.clone());
+            match IngressEntry::from_fields(fields) {
+                Some(e) => valid.push(e),
+                None => tracing::warn!(shard = self.shard, xid, "malformed ingress entry dropped"),
+            }
+        }
+
+        let mut attempt: u32 = 0;
+        let result = loop {
+            if cancel.is_cancelled() || !self.lease.is_valid() {
+                return Ok(false);
+            }
+            match s.commit.commit(&valid, &s.ids).await {
+                Ok(r) => break r,
+                Err(e) => {
+                    attempt += 1;
+                    if e.is_retryable() {
+                        tracing::debug!(error = %e, "batch conflict; running it again");
+                    } else {
+                        metrics::counter!("herald_mysql_errors_total").increment(1);
+                        tracing::warn!(shard = self.shard, error = %e, attempt, "batch commit failed; retrying");
+                        tokio::time::sleep(Duration::from_millis((50 * u64::from(attempt)).min(1_000))).await;
+                    }
+                }
+            }
+        };
+
+        // Answers to the waiting gateways, right after COMMIT.
+        let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
+        for (e, outcome) in valid.iter().zip(&result.outcomes) {
+            let outcome = match outcome {
+                Outcome::Done(r) => {
+                    if r.dup {
+                        metrics::counter!("herald_messages_duplicate_total").increment(1);
+                    }
+                    SendOutcome::Ok(r.clone())
+                }
+                Outcome::Rejected(code, message) => {
+                    metrics::counter!("herald_send_rejected_total", "code" => code.as_str()).increment(1);
+                    SendOutcome::Err { code: *code, message: message.clone() }
+                }
+            };
+            by_node.entry(e.node.as_str()).or_default().sent.push(SendNotice { rid: e.rid, outcome });
+        }
+        let pipe = client.pipeline();
+        for (node, env) in &by_node {
+            let payload = serde_json::to_string(env).expect("envelope serializes");
+            let _: () = pipe.publish(s.keys.node_channel(node), payload).await?;
+        }
+        if let Err(e) = pipe.all::<Value>().await {
+            // The senders time out and resend with the same cmid; they get `dup: true`.
+            tracing::warn!(error = %e, "could not publish send notices");
+        }
+
+        // Fan-out, immediately; the outbox row covers any failure.
+        if let Some(outbox_id) = result.outbox_id {
+            let marked = match s.fanout.deliver(&result.committed).await {
+                Ok(()) => s.outbox.mark_sent(outbox_id).await,
+                Err(e) => {
+                    metrics::counter!("herald_fanout_errors_total").increment(1);
+                    s.outbox.mark_failed(outbox_id, 0, &e.to_string()).await
+                }
+            };
+            if let Err(e) = marked {
+                tracing::warn!(outbox = outbox_id, error = %e, "could not record the fan-out outcome; the dispatcher will redo it");
+            }
+        }
+        let _: i64 = client.xack(&self.key, INGRESS_GROUP, xids).await?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,270 @@
+//! The transactional outbox: what guarantees that every committed batch is fanned out.
+//!
+//! A row is written with its batch (PENDING, due `first_retry_delay_ms` ahead). The
+//! post-commit path dispatches at once and marks it SENT, or FAILED with the first
+//! backoff. The [`OutboxDispatcher`] loop claims due rows with `FOR UPDATE SKIP LOCKED`
+//! (so every worker may run it), plus SENDING rows whose claimer vanished, and moves
+//! them to SENT, FAILED (next backoff) or DEAD. `retry_count` counts failed attempts;
+//! after `max_attempts` failed retries the row is DEAD and waits for an operator.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_shared::config::OutboxConfig;
+use herald_shared::ids::{now_ms, MsgId};
+use serde::{Deserialize, Serialize};
+use sqlx::mysql::MySqlPool;
+use sqlx::{MySql, QueryBuilder, Row};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::fanout::Fanout;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Payload {
+    pub ids: Vec<MsgId>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OutboxEvent {
+    pub id: u64,
+    pub kind: String,
+    pub status: String,
+    pub retry_count: u32,
+    pub next_retry_at: i64,
+    pub claimed_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub message_ids: Vec<MsgId>,
+}
+
+#[derive(Debug)]
+pub struct Outbox {
+    db: MySqlPool,
+    cfg: OutboxConfig,
+    /// Wakes the dispatcher early (an operator's retry).
+    pub wake: Notify,
+}
+
+impl Outbox {
+    pub fn new(db: MySqlPool, cfg: OutboxConfig) -> Self {
+        Outbox { db, cfg, wake: Notify::new() }
+    }
+
+    fn backoff_ms(&self, failures: u32) -> u64 {
+        let i = (failures.max(1) - 1) as usize;
+        *self.cfg.backoff_ms.get(i).or(self.cfg.backoff_ms.last()).unwrap_or(&5_000)
+    }
+
+    pub async fn mark_sent(&self, id: u64) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE outbox_events SET status = 'SENT', claimed_at = NULL, last_error = NULL, updated_at = ? WHERE id = ?")
+            .bind(now_ms() as i64)
+            .bind(id)
+            .execute(&self.db)
+            .await?;
+        metrics::counter!("herald_outbox_events_total", "status" => "SENT").increment(1);
+        Ok(())
+    }
+
+    /// Records a failed attempt; `previous_failures` is the row's retry_count before it.
+    pub async fn mark_failed(&self, id: u64, previous_failures: u32, error: &str) -> Result<(), sqlx::Error> {
+        let failures = previous_failures + 1;
+        let now = now_ms();
+        let (status, next) = if failures > self.cfg.max_attempts {
+            ("DEAD", now)
+        } else {
+            ("FAILED", now + self.backoff_ms(failures))
+        };
+        let error: String = error.chars().take(500).collect();
+        sqlx::query("UPDATE outbox_events SET status = ?, retry_count = ?, next_retry_at = ?, claimed_at = NULL, last_error = ?, updated_at = ? WHERE id = ?")
+            .bind(status)
+            .bind(failures)
+            .bind(next as i64)
+            .bind(error)
+            .bind(now as i64)
+            .bind(id)
+            .execute(&self.db)
+            .await?;
+        metrics::counter!("herald_outbox_events_total", "status" => status).increment(1);
+        if status == "DEAD" {
+            metrics::counter!("herald_outbox_dead_total").increment(1);
+            tracing::error!(event = id, failures, "outbox event is DEAD; retry it through the admin API");
+        } else {
+            tracing::warn!(event = id, failures, "outbox dispatch failed; will retry");
+        }
+        Ok(())
+    }
+
+    /// Claims due rows: PENDING/FAILED past their time, and SENDING rows gone stale.
+    async fn claim(&self) -> Result<Vec<(u64, u32, Payload)>, sqlx::Error> {
+        let now = now_ms() as i64;
+        let mut tx = self.db.begin().await?;
+        let rows = sqlx::query(
+            "SELECT id, retry_count, payload FROM outbox_events \
+             WHERE (status IN ('PENDING', 'FAILED') AND next_retry_at <= ?) OR (status = 'SENDING' AND claimed_at < ?) \
+             ORDER BY next_retry_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+        )
+        .bind(now)
+        .bind(now - self.cfg.sending_stale_ms as i64)
+        .bind(self.cfg.claim_batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let payload: String = r.try_get(2)?;
+            let payload = serde_json::from_str(&payload).unwrap_or(Payload { ids: Vec::new() });
+            claimed.push((r.try_get::<u64, _>(0)?, r.try_get::<u32, _>(1)?, payload));
+        }
+        if !claimed.is_empty() {
+            let mut q = QueryBuilder::<MySql>::new("UPDATE outbox_events SET status = 'SENDING', claimed_at = ");
+            q.push_bind(now).push(", updated_at = ").push_bind(now).push(" WHERE id IN (");
+            let mut sep = q.separated(", ");
+            for (id, _, _) in &claimed {
+                sep.push_bind(*id);
+            }
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn purge(&self) -> Result<u64, sqlx::Error> {
+        let cutoff = now_ms() as i64 - (self.cfg.sent_retention_s * 1000) as i64;
+        let r = sqlx::query("DELETE FROM outbox_events WHERE status = 'SENT' AND updated_at < ? LIMIT ?")
+            .bind(cutoff)
+            .bind(self.cfg.purge_batch)
+            .execute(&self.db)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    pub async fn list(&self, status: &str, limit: u32) -> Result<Vec<OutboxEvent>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT id, kind, status, retry_count, next_retry_at, claimed_at, last_error, created_at, updated_at, payload \
+             FROM outbox_events WHERE status = ? ORDER BY id LIMIT ?",
+        )
+        .bind(status)
+        .bind(limit)
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter().map(row_to_event).collect()
+    }
+
+    pub async fn get(&self, id: u64) -> Result<Option<OutboxEvent>, sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT id, kind, status, retry_count, next_retry_at, claimed_at, last_error, created_at, updated_at, payload \
+             FROM outbox_events WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.db)
+        .await?;
+        row.as_ref().map(row_to_event).transpose()
+    }
+
+    /// An operator's retry of a DEAD (or FAILED) event: due now, attempts reset.
+    pub async fn retry(&self, id: u64) -> Result<bool, sqlx::Error> {
+        let now = now_ms() as i64;
+        let r = sqlx::query(
+            "UPDATE outbox_events SET status = 'PENDING', retry_count = 0, next_retry_at = ?, updated_at = ? WHERE id = ? AND status IN ('DEAD', 'FAILED')",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(id)
+        .execute(&self.db)
+        .await?;
+        self.wake.notify_one();
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// An operator's discard of a DEAD event.
+    pub async fn discard(&self, id: u64) -> Result<bool, sqlx::Error> {
+        let r = sqlx::query("DELETE FROM outbox_events WHERE id = ? AND status = 'DEAD'").bind(id).execute(&self.db).await?;
+        if r.rows_affected() == 1 {
+            tracing::warn!(event = id, "DEAD outbox event discarded by an operator");
+        }
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Rows by status, for the metrics gauge.
+    pub async fn counts(&self) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        let rows = sqlx::query("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetch_all(&self.db).await?;
+        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
+    }
+}
+
+fn row_to_event(r: &sqlx::mysql::MySqlRow) -> Result<OutboxEvent, sqlx::Error> {
+    let payload: String = r.try_get(9)?;
+    Ok(OutboxEvent {
+        id: r.try_get(0)?,
+        kind: r.try_get(1)?,
+        status: r.try_get(2)?,
+        retry_count: r.try_get(3)?,
+        next_retry_at: r.try_get(4)?,
+        claimed_at: r.try_get(5)?,
+        last_error: r.try_get(6)?,
+        created_at: r.try_get(7)?,
+        updated_at: r.try_get(8)?,
+        message_ids: serde_json::from_str::<Payload>(&payload).map(|p| p.ids).unwrap_or_default(),
+    })
+}
+
+/// The periodic loop that finishes what the immediate dispatch did not.
+#[derive(Debug)]
+pub struct OutboxDispatcher {
+    pub outbox: Arc<Outbox>,
+    pub fanout: Arc<Fanout>,
+    pub fixed_delay: Duration,
+}
+
+impl OutboxDispatcher {
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut rounds: u64 = 0;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.fixed_delay) => {}
+                _ = self.outbox.wake.notified() => {}
+            }
+            if let Err(e) = self.round().await {
+                metrics::counter!("herald_mysql_errors_total").increment(1);
+                tracing::warn!(error = %e, "outbox dispatcher round failed");
+            }
+            rounds += 1;
+            if rounds % 10 == 0 {
+                match self.outbox.purge().await {
+                    Ok(n) if n > 0 => tracing::debug!(purged = n, "old SENT outbox rows purged"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "outbox purge failed"),
+                }
+                if let Ok(counts) = self.outbox.counts().await {
+                    for status in ["PENDING", "SENDING", "SENT", "FAILED", "DEAD"] {
+                        let n = counts.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n);
+                        metrics::gauge!("herald_outbox_rows", "status" => status).set(n as f64);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn round(&self) -> Result<(), sqlx::Error> {
+        loop {
+            let claimed = self.outbox.claim().await?;
+            let full = claimed.len() as u32 >= self.outbox.cfg.claim_batch;
+            for (id, failures, payload) in claimed {
+                let result = match self.fanout.load(&payload.ids).await {
+                    Ok(msgs) => self.fanout.deliver(&msgs).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match result {
+                    Ok(()) => self.outbox.mark_sent(id).await?,
+                    Err(e) => self.outbox.mark_failed(id, failures, &e).await?,
+                }
+            }
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+}
