@@ -1,1 +1,146 @@
+//! Herald's gateway: the public HTTP (and, next, WebSocket) edge.
+//!
+//! # Layout
+//! - [`auth`]: tokens on every request; device registration.
+//! - [`conversations`]: create, members, list.
+//! - [`messages`]: the durable send.
+//! - [`notices`]: the node channel (answers from workers).
+//! - [`error`]: the API error type.
 
+pub mod auth;
+pub mod conversations;
+pub mod error;
+pub mod messages;
+pub mod notices;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::post;
+use axum::{Json, Router};
+use fred::prelude::*;
+use herald_shared::config::Config;
+use herald_shared::keys::Keys;
+use herald_shared::ops::Readiness;
+use sqlx::mysql::MySqlPool;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::Caller;
+use crate::notices::SendWaiters;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+    #[error("redis maxmemory-policy is {0:?}; pending sets must never be evicted. Set it to noeviction, or gateway.require_noeviction = false")]
+    Eviction(String),
+    #[error("cannot bind {addr}: {source}")]
+    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+}
+
+#[derive(Debug)]
+pub struct GatewayState {
+    pub cfg: Config,
+    pub db: MySqlPool,
+    pub redis: Pool,
+    pub keys: Keys,
+    pub waiters: Arc<SendWaiters>,
+    /// Devices already registered in MySQL by this process.
+    pub known_devices: Mutex<HashSet<(String, String, String)>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AppState(Arc<GatewayState>);
+
+impl Deref for AppState {
+    type Target = GatewayState;
+    fn deref(&self) -> &GatewayState {
+        &self.0
+    }
+}
+
+/// The public API.
+pub fn router(state: AppState) -> Router {
+    // The JSON envelope around a maximal body, with room for escaping.
+    let body_limit = state.cfg.gateway.max_body_bytes * 2 + 4096;
+    Router::new()
+        .route("/v1/devices", post(register))
+        .route("/v1/conversations", post(conversations::create).get(conversations::list))
+        .route("/v1/conversations/{id}/members", post(conversations::change_members))
+        .route("/v1/messages", post(messages::send))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+async fn register(Caller(c): Caller) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "tenant": c.tid, "user": c.sub, "device": c.dev, "platform": c.plat }))
+}
+
+/// Runs the gateway until `shutdown` completes.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), GatewayError> {
+    let metrics = herald_shared::telemetry::init_metrics();
+    let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size)?;
+    let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
+    let policy = herald_shared::redis::eviction_policy(redis.next()).await?;
+    if cfg.gateway.require_noeviction && policy != "noeviction" {
+        return Err(GatewayError::Eviction(policy));
+    }
+    let keys = Keys::new(cfg.redis_key_prefix.clone());
+    let waiters = Arc::new(SendWaiters::default());
+    let subscriber = notices::subscribe(&cfg.redis_url, keys.node_channel(&cfg.node_id)).await?;
+
+    let (listen, admin_listen) = (cfg.listen, cfg.admin_listen);
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|source| GatewayError::Bind { addr: listen, source })?;
+    let admin = tokio::net::TcpListener::bind(admin_listen).await.map_err(|source| GatewayError::Bind { addr: admin_listen, source })?;
+    tracing::info!(node = %cfg.node_id, listen = %listen, admin = %admin_listen, "gateway started");
+
+    let state = AppState(Arc::new(GatewayState { cfg, db, redis, keys, waiters: waiters.clone(), known_devices: Mutex::new(HashSet::new()) }));
+    let cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let ready = Readiness::default();
+    tasks.spawn(notices::listen(subscriber, waiters, cancel.child_token()));
+    tasks.spawn(health_loop(state.clone(), ready.clone(), cancel.child_token()));
+    let admin_app = herald_shared::ops::router(metrics, ready.clone());
+    let c = cancel.child_token();
+    tasks.spawn(async move {
+        if let Err(e) = axum::serve(admin, admin_app).with_graceful_shutdown(async move { c.cancelled().await }).await {
+            tracing::error!(error = %e, "admin listener failed");
+        }
+    });
+    let c = cancel.child_token();
+    let app = router(state);
+    tasks.spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { c.cancelled().await }).await {
+            tracing::error!(error = %e, "public listener failed");
+        }
+    });
+    tasks.close();
+
+    shutdown.await;
+    tracing::info!("gateway shutting down");
+    ready.set(false);
+    cancel.cancel();
+    if tokio::time::timeout(Duration::from_secs(20), tasks.wait()).await.is_err() {
+        tracing::warn!("tasks did not stop within 20 s");
+    }
+    Ok(())
+}
+
+async fn health_loop(state: AppState, ready: Readiness, cancel: CancellationToken) {
+    loop {
+        let db_ok = herald_shared::db::migrations_applied(&state.db).await;
+        let redis_ok = state.redis.next().ping::<String>(None).await.is_ok();
+        ready.set(db_ok && redis_ok);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

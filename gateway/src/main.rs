@@ -1,1 +1,37 @@
-fn main(){}
+//! `herald-gateway [--config FILE] [--set key=value ...]`
+
+use std::process::ExitCode;
+
+use herald_shared::config::{load, ProcessEnv, Role};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let (cfg, cli) = match load(Role::Gateway, &argv, &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprint!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(extra) = cli.args.first() {
+        eprintln!("herald-gateway takes no command, got {extra:?}");
+        return ExitCode::from(2);
+    }
+    herald_shared::telemetry::init_tracing(&cfg.log);
+    match herald_gateway::run(cfg, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald-gateway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -57,8 +57,6 @@ pub struct IngressConfig {
     /// Number of ingress streams; a conversation always maps to the same one. Every
     /// process of a cluster must agree on it.
     pub shards: u32,
-    /// Approximate stream length kept (XADD MAXLEN ~); consumed entries beyond it go.
-    pub max_len: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -71,6 +69,8 @@ pub struct GatewayConfig {
     /// Refuse to start when Redis may evict keys (pending sets must not vanish).
     pub require_noeviction: bool,
     pub db_pool_size: u32,
+    /// Most members of one conversation.
+    pub max_group_size: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -134,8 +134,8 @@ impl Config {
             admin_token: Secret::default(),
             node_id: format!("{kind}-{:08x}", rand::random::<u32>()),
             log: "info".into(),
-            ingress: IngressConfig { shards: 8, max_len: 1_000_000 },
-            gateway: GatewayConfig { send_timeout_ms: 5_000, max_body_bytes: 32 * 1024, require_noeviction: true, db_pool_size: 16 },
+            ingress: IngressConfig { shards: 8 },
+            gateway: GatewayConfig { send_timeout_ms: 5_000, max_body_bytes: 32 * 1024, require_noeviction: true, db_pool_size: 16, max_group_size: 1_000 },
             worker: WorkerConfig {
                 batch_max: 512,
                 batch_block_ms: 1_000,
@@ -171,11 +171,11 @@ impl Config {
             "node_id" => self.node_id = v.into(),
             "log" => self.log = v.into(),
             "ingress.shards" => self.ingress.shards = num(v)?,
-            "ingress.max_len" => self.ingress.max_len = num(v)?,
             "gateway.send_timeout_ms" => self.gateway.send_timeout_ms = num(v)?,
             "gateway.max_body_bytes" => self.gateway.max_body_bytes = num(v)?,
             "gateway.require_noeviction" => self.gateway.require_noeviction = boolean(v)?,
             "gateway.db_pool_size" => self.gateway.db_pool_size = num(v)?,
+            "gateway.max_group_size" => self.gateway.max_group_size = num(v)?,
             "worker.batch_max" => self.worker.batch_max = num(v)?,
             "worker.batch_block_ms" => self.worker.batch_block_ms = num(v)?,
             "worker.lease_ttl_ms" => self.worker.lease_ttl_ms = num(v)?,
@@ -224,6 +224,9 @@ impl Config {
         }
         if self.gateway.max_body_bytes == 0 || self.gateway.max_body_bytes > 1 << 20 {
             bad("gateway.max_body_bytes", "must be 1..=1048576");
+        }
+        if self.gateway.max_group_size < 2 {
+            bad("gateway.max_group_size", "must be at least 2");
         }
         if self.worker.batch_max == 0 || self.worker.batch_max > 10_000 {
             bad("worker.batch_max", "must be 1..=10000");

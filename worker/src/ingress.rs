@@ -287,7 +287,11 @@ impl IngressShard {
                 tracing::warn!(outbox = outbox_id, error = %e, "could not record the fan-out outcome; the dispatcher will redo it");
             }
         }
-        let _: i64 = client.xack(&self.key, INGRESS_GROUP, xids).await?;
+        // Committed entries leave the stream: it holds only work not yet done.
+        let pipe = client.pipeline();
+        let _: () = pipe.xack(&self.key, INGRESS_GROUP, xids.clone()).await?;
+        let _: () = pipe.xdel(&self.key, xids).await?;
+        let _: Vec<Value> = pipe.all().await?;
         Ok(true)
     }
 }

@@ -1,0 +1,285 @@
+//! The conversations API: create, change members, list (PROTOCOL.md section 2).
+//!
+//! Membership changes lock the conversation row, the same lock the worker's commit
+//! takes, so a join or leave falls cleanly between two messages: `joined_seq` and
+//! `left_seq` are the `last_seq` at that moment.
+
+use std::collections::BTreeSet;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use herald_shared::auth::is_valid_ident;
+use herald_shared::error::ErrorCode;
+use herald_shared::ids::now_ms;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::{MySql, QueryBuilder, Row};
+
+use crate::auth::Caller;
+use crate::error::{parse_json, ApiError, ApiResult};
+use crate::AppState;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRequest {
+    id: Option<String>,
+    kind: String,
+    members: Vec<String>,
+    title: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct Conversation {
+    id: String,
+    kind: String,
+    title: Option<String>,
+    members: Vec<String>,
+    last_seq: u64,
+    created_at: i64,
+}
+
+fn check_members(members: &[String], max: usize) -> ApiResult<BTreeSet<String>> {
+    let set: BTreeSet<String> = members.iter().cloned().collect();
+    if let Some(bad) = set.iter().find(|m| !is_valid_ident(m)) {
+        return Err(ApiError::bad_request(format!("member {bad:?} is not a valid user id (1..64 printable ASCII characters)")));
+    }
+    if set.len() > max {
+        return Err(ApiError::bad_request(format!("a conversation has at most {max} members")));
+    }
+    Ok(set)
+}
+
+pub async fn create(State(state): State<AppState>, Caller(c): Caller, body: Bytes) -> ApiResult<(StatusCode, Json<Conversation>)> {
+    let req: CreateRequest = parse_json(&body)?;
+    if req.kind != "direct" && req.kind != "group" {
+        return Err(ApiError::bad_request("kind must be \"direct\" or \"group\""));
+    }
+    let members = check_members(&req.members, state.cfg.gateway.max_group_size)?;
+    if !members.contains(&c.sub) {
+        return Err(ApiError::bad_request("the caller must be one of the members"));
+    }
+    if req.kind == "direct" && members.len() != 2 {
+        return Err(ApiError::bad_request("a direct conversation has exactly 2 members"));
+    }
+    if req.title.as_ref().is_some_and(|t| t.chars().count() > 256) {
+        return Err(ApiError::bad_request("title is at most 256 characters"));
+    }
+    let id = match req.id {
+        Some(id) if is_valid_ident(&id) => id,
+        Some(_) => return Err(ApiError::bad_request("id must be 1..64 printable ASCII characters")),
+        None => format!("c{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>()),
+    };
+    let now = now_ms() as i64;
+    let mut tx = state.db.begin().await?;
+    let inserted = sqlx::query(
+        "INSERT IGNORE INTO conversations (tenant_id, id, kind, title, last_seq, created_at, last_active_at) VALUES (?, ?, ?, ?, 0, ?, ?)",
+    )
+    .bind(&c.tid)
+    .bind(&id)
+    .bind(&req.kind)
+    .bind(&req.title)
+    .bind(now)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if !inserted {
+        tx.rollback().await?;
+        let existing = load(&state, &c.tid, &id).await?.ok_or_else(ApiError::not_found)?;
+        let same_members: BTreeSet<String> = existing.members.iter().cloned().collect();
+        if existing.kind == req.kind && same_members == members {
+            return Ok((StatusCode::OK, Json(existing)));
+        }
+        return Err(ApiError::new(ErrorCode::Conflict, "a conversation with this id exists with another kind or other members"));
+    }
+    let mut q = QueryBuilder::<MySql>::new("INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ");
+    q.push_values(&members, |mut b, m| {
+        b.push_bind(&c.tid).push_bind(&id).push_bind(m).push_bind(0u64).push_bind(0u64).push_bind(now);
+    });
+    q.build().execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(Conversation { id, kind: req.kind, title: req.title, members: members.into_iter().collect(), last_seq: 0, created_at: now })))
+}
+
+/// A conversation of the tenant with its current members.
+async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conversation>> {
+    let Some(row) = sqlx::query("SELECT kind, title, last_seq, created_at FROM conversations WHERE tenant_id = ? AND id = ?")
+        .bind(tenant)
+        .bind(id)
+        .fetch_optional(&state.db)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let members: Vec<String> =
+        sqlx::query_scalar("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL ORDER BY user_id")
+            .bind(tenant)
+            .bind(id)
+            .fetch_all(&state.db)
+            .await?;
+    Ok(Some(Conversation {
+        id: id.to_owned(),
+        kind: row.try_get(0)?,
+        title: row.try_get(1)?,
+        last_seq: row.try_get(2)?,
+        created_at: row.try_get(3)?,
+        members,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MembersRequest {
+    #[serde(default)]
+    add: Vec<String>,
+    #[serde(default)]
+    remove: Vec<String>,
+}
+
+pub async fn change_members(State(state): State<AppState>, Caller(c): Caller, Path(id): Path<String>, body: Bytes) -> ApiResult<Json<Conversation>> {
+    let req: MembersRequest = parse_json(&body)?;
+    let add = check_members(&req.add, state.cfg.gateway.max_group_size)?;
+    let remove = check_members(&req.remove, state.cfg.gateway.max_group_size)?;
+    if let Some(both) = add.intersection(&remove).next() {
+        return Err(ApiError::bad_request(format!("{both:?} is both added and removed")));
+    }
+    let mut tx = state.db.begin().await?;
+    let row = sqlx::query("SELECT kind, last_seq FROM conversations WHERE tenant_id = ? AND id = ? FOR UPDATE")
+        .bind(&c.tid)
+        .bind(&id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(ApiError::not_found)?;
+    let kind: String = row.try_get(0)?;
+    let last_seq: u64 = row.try_get(1)?;
+    let current: BTreeSet<String> =
+        sqlx::query_scalar("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL")
+            .bind(&c.tid)
+            .bind(&id)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+    if !current.contains(&c.sub) {
+        return Err(ApiError::new(ErrorCode::Forbidden, "only members may change the member list"));
+    }
+    if kind == "direct" && (!add.is_empty() || !remove.is_empty()) {
+        return Err(ApiError::new(ErrorCode::Conflict, "the members of a direct conversation are fixed"));
+    }
+    let after = current.len() + add.difference(&current).count() - remove.intersection(&current).count();
+    if after > state.cfg.gateway.max_group_size {
+        return Err(ApiError::bad_request(format!("a conversation has at most {} members", state.cfg.gateway.max_group_size)));
+    }
+    let now = now_ms() as i64;
+    let joining: Vec<&String> = add.difference(&current).collect();
+    if !joining.is_empty() {
+        let mut q = QueryBuilder::<MySql>::new("INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ");
+        q.push_values(&joining, |mut b, m| {
+            b.push_bind(&c.tid).push_bind(&id).push_bind(*m).push_bind(last_seq).push_bind(last_seq).push_bind(now);
+        });
+        // A former member rejoins from now on.
+        q.push(" ON DUPLICATE KEY UPDATE joined_seq = VALUES(joined_seq), read_seq = GREATEST(read_seq, VALUES(read_seq)), left_seq = NULL, joined_at = VALUES(joined_at)");
+        q.build().execute(&mut *tx).await?;
+    }
+    for m in remove.intersection(&current) {
+        sqlx::query("UPDATE members SET left_seq = ? WHERE tenant_id = ? AND conv_id = ? AND user_id = ? AND left_seq IS NULL")
+            .bind(last_seq)
+            .bind(&c.tid)
+            .bind(&id)
+            .bind(m)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    let conv = load(&state, &c.tid, &id).await?.ok_or_else(ApiError::not_found)?;
+    Ok(Json(conv))
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+/// Most recently active first; the cursor is `<last_active_at>:<id>` of the last item.
+pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Query<ListQuery>) -> ApiResult<Json<Value>> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::bad_request("limit must be 1..200"));
+    }
+    let cursor = match q.cursor.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some(cur) => {
+            let (ts, id) = cur.split_once(':').ok_or_else(|| ApiError::bad_request("malformed cursor"))?;
+            Some((ts.parse::<i64>().map_err(|_| ApiError::bad_request("malformed cursor"))?, id.to_owned()))
+        }
+    };
+    let mut qb = QueryBuilder::<MySql>::new(
+        "SELECT c.id, c.kind, c.title, c.last_seq, m.read_seq, c.last_active_at, c.last_msg_id FROM members m \
+         JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conv_id \
+         WHERE m.tenant_id = ",
+    );
+    qb.push_bind(&c.tid).push(" AND m.user_id = ").push_bind(&c.sub).push(" AND m.left_seq IS NULL");
+    if let Some((ts, id)) = &cursor {
+        qb.push(" AND (c.last_active_at < ").push_bind(*ts).push(" OR (c.last_active_at = ").push_bind(*ts).push(" AND c.id < ").push_bind(id).push("))");
+    }
+    qb.push(" ORDER BY c.last_active_at DESC, c.id DESC LIMIT ").push_bind(limit + 1);
+    let rows = qb.build().fetch_all(&state.db).await?;
+    let more = rows.len() > limit as usize;
+    let mut items = Vec::new();
+    let mut next_cursor = None;
+    let mut last_ids = Vec::new();
+    for r in rows.iter().take(limit as usize) {
+        let id: String = r.try_get(0)?;
+        let last_seq: u64 = r.try_get(3)?;
+        let read_seq: u64 = r.try_get(4)?;
+        let active: i64 = r.try_get(5)?;
+        let last_msg: Option<u64> = r.try_get(6)?;
+        last_ids.extend(last_msg);
+        next_cursor = Some(format!("{active}:{id}"));
+        items.push(json!({
+            "id": id,
+            "kind": r.try_get::<String, _>(1)?,
+            "title": r.try_get::<Option<String>, _>(2)?,
+            "last_seq": last_seq,
+            "read_seq": read_seq.min(last_seq),
+            "unread": last_seq.saturating_sub(read_seq),
+            "last_message_id": last_msg.map(|m| m.to_string()),
+        }));
+    }
+    if !last_ids.is_empty() {
+        let mut qb = QueryBuilder::<MySql>::new("SELECT id, conv_id, seq, sender_id, client_msg_id, created_at, body FROM messages WHERE id IN (");
+        let mut sep = qb.separated(", ");
+        for id in &last_ids {
+            sep.push_bind(*id);
+        }
+        qb.push(")");
+        let msgs = qb.build().fetch_all(&state.db).await?;
+        for item in items.iter_mut() {
+            let Some(want) = item["last_message_id"].as_str().map(str::to_owned) else { continue };
+            if let Some(m) = msgs.iter().find(|m| m.try_get::<u64, _>(0).ok().map(|v| v.to_string()).as_deref() == Some(want.as_str())) {
+                let body: String = m.try_get(6)?;
+                item["last_message"] = json!({
+                    "id": want,
+                    "conv": m.try_get::<String, _>(1)?,
+                    "seq": m.try_get::<u64, _>(2)?,
+                    "from": m.try_get::<String, _>(3)?,
+                    "cmid": m.try_get::<String, _>(4)?,
+                    "ts": m.try_get::<i64, _>(5)?,
+                    "body": serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
+                });
+            }
+        }
+    }
+    for item in items.iter_mut() {
+        item.as_object_mut().map(|o| o.remove("last_message_id"));
+    }
+    let mut out = json!({ "items": items });
+    if more {
+        out["next_cursor"] = json!(next_cursor);
+    }
+    Ok(Json(out))
+}

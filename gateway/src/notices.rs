@@ -1,0 +1,91 @@
+//! The node channel: what workers tell this gateway (send answers now; deliveries
+//! with the WebSocket sessions).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use fred::clients::SubscriberClient;
+use fred::prelude::*;
+use herald_shared::protocol::{NodeEnvelope, SendOutcome};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// Send requests waiting for their worker's answer, by request id.
+#[derive(Debug, Default)]
+pub struct SendWaiters {
+    next: AtomicU64,
+    waiting: Mutex<HashMap<u64, oneshot::Sender<SendOutcome>>>,
+}
+
+/// Removes the waiter when the request ends, answered or not (timeouts, client gone).
+#[derive(Debug)]
+pub struct Waiter<'a> {
+    pub rid: u64,
+    pub rx: oneshot::Receiver<SendOutcome>,
+    owner: &'a SendWaiters,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.owner.waiting.lock().expect("waiters").remove(&self.rid);
+    }
+}
+
+impl SendWaiters {
+    pub fn register(&self) -> Waiter<'_> {
+        let rid = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().expect("waiters").insert(rid, tx);
+        Waiter { rid, rx, owner: self }
+    }
+
+    fn resolve(&self, rid: u64, outcome: SendOutcome) {
+        if let Some(tx) = self.waiting.lock().expect("waiters").remove(&rid) {
+            let _ = tx.send(outcome);
+        }
+    }
+}
+
+/// Subscribes to this node's channel and dispatches what arrives. The subscription is
+/// made before the gateway accepts requests, so no answer can precede it.
+pub async fn subscribe(redis_url: &str, channel: String) -> Result<SubscriberClient, Error> {
+    let client = herald_shared::redis::builder(redis_url, std::time::Duration::from_secs(3))?.build_subscriber_client()?;
+    client.init().await?;
+    let _ = client.manage_subscriptions();
+    client.subscribe(channel).await?;
+    Ok(client)
+}
+
+pub async fn listen(client: SubscriberClient, waiters: std::sync::Arc<SendWaiters>, cancel: CancellationToken) {
+    let mut rx = client.message_rx();
+    loop {
+        let msg = tokio::select! {
+            _ = cancel.cancelled() => break,
+            m = rx.recv() => m,
+        };
+        let msg = match msg {
+            Ok(m) => m,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                // Lost answers only cost their senders a timeout and a resend (dup: true).
+                metrics::counter!("herald_node_channel_lagged_total").increment(n);
+                tracing::warn!(lost = n, "node channel receiver lagged");
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+        };
+        let Some(text) = msg.value.as_str() else { continue };
+        let env: NodeEnvelope = match serde_json::from_str(&text) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable node channel message");
+                continue;
+            }
+        };
+        for n in env.sent {
+            waiters.resolve(n.rid, n.outcome);
+        }
+        metrics::counter!("herald_deliveries_received_total").increment(env.deliver.len() as u64);
+    }
+    let _ = client.quit().await;
+}
