@@ -15,6 +15,7 @@ use herald_shared::error::ErrorCode;
 use herald_shared::ids::now_ms;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use herald_shared::db::TextColumns;
 use sqlx::{MySql, QueryBuilder, Row};
 
 use crate::auth::Caller;
@@ -114,16 +115,18 @@ async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conv
     else {
         return Ok(None);
     };
-    let members: Vec<String> =
-        sqlx::query_scalar("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL ORDER BY user_id")
-            .bind(tenant)
-            .bind(id)
-            .fetch_all(&state.db)
-            .await?;
+    let members = sqlx::query("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL ORDER BY user_id")
+        .bind(tenant)
+        .bind(id)
+        .fetch_all(&state.db)
+        .await?
+        .iter()
+        .map(|r| r.text(0))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Conversation {
         id: id.to_owned(),
-        kind: row.try_get(0)?,
-        title: row.try_get(1)?,
+        kind: row.text(0)?,
+        title: row.opt_text(1)?,
         last_seq: row.try_get(2)?,
         created_at: row.try_get(3)?,
         members,
@@ -153,16 +156,16 @@ pub async fn change_members(State(state): State<AppState>, Caller(c): Caller, Pa
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(ApiError::not_found)?;
-    let kind: String = row.try_get(0)?;
+    let kind: String = row.text(0)?;
     let last_seq: u64 = row.try_get(1)?;
-    let current: BTreeSet<String> =
-        sqlx::query_scalar("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL")
-            .bind(&c.tid)
-            .bind(&id)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
+    let current = sqlx::query("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL")
+        .bind(&c.tid)
+        .bind(&id)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| r.text(0))
+        .collect::<Result<BTreeSet<String>, _>>()?;
     if !current.contains(&c.sub) {
         return Err(ApiError::new(ErrorCode::Forbidden, "only members may change the member list"));
     }
@@ -233,7 +236,7 @@ pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Qu
     let mut next_cursor = None;
     let mut last_ids = Vec::new();
     for r in rows.iter().take(limit as usize) {
-        let id: String = r.try_get(0)?;
+        let id: String = r.text(0)?;
         let last_seq: u64 = r.try_get(3)?;
         let read_seq: u64 = r.try_get(4)?;
         let active: i64 = r.try_get(5)?;
@@ -242,8 +245,8 @@ pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Qu
         next_cursor = Some(format!("{active}:{id}"));
         items.push(json!({
             "id": id,
-            "kind": r.try_get::<String, _>(1)?,
-            "title": r.try_get::<Option<String>, _>(2)?,
+            "kind": r.text(1)?,
+            "title": r.opt_text(2)?,
             "last_seq": last_seq,
             "read_seq": read_seq.min(last_seq),
             "unread": last_seq.saturating_sub(read_seq),
@@ -261,13 +264,13 @@ pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Qu
         for item in items.iter_mut() {
             let Some(want) = item["last_message_id"].as_str().map(str::to_owned) else { continue };
             if let Some(m) = msgs.iter().find(|m| m.try_get::<u64, _>(0).ok().map(|v| v.to_string()).as_deref() == Some(want.as_str())) {
-                let body: String = m.try_get(6)?;
+                let body: String = m.text(6)?;
                 item["last_message"] = json!({
                     "id": want,
-                    "conv": m.try_get::<String, _>(1)?,
+                    "conv": m.text(1)?,
                     "seq": m.try_get::<u64, _>(2)?,
-                    "from": m.try_get::<String, _>(3)?,
-                    "cmid": m.try_get::<String, _>(4)?,
+                    "from": m.text(3)?,
+                    "cmid": m.text(4)?,
                     "ts": m.try_get::<i64, _>(5)?,
                     "body": serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
                 });

@@ -50,3 +50,24 @@ pub async fn migrations_applied(pool: &MySqlPool) -> bool {
         sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success = 1").fetch_one(pool).await;
     matches!(applied, Ok(Some(v)) if v >= latest)
 }
+
+/// Reads text columns. Herald's identifiers are compared byte-wise (`utf8mb4_bin`:
+/// `Alice` and `alice` are different users, `m1` and `M1` different cmids), and MySQL
+/// flags such columns BINARY, which sqlx refuses to decode as `String`. These read
+/// them as the UTF-8 they are.
+pub trait TextColumns {
+    fn text(&self, index: usize) -> Result<String, sqlx::Error>;
+    fn opt_text(&self, index: usize) -> Result<Option<String>, sqlx::Error>;
+}
+
+impl TextColumns for sqlx::mysql::MySqlRow {
+    fn text(&self, index: usize) -> Result<String, sqlx::Error> {
+        use sqlx::Row;
+        self.try_get_unchecked::<String, _>(index)
+    }
+
+    fn opt_text(&self, index: usize) -> Result<Option<String>, sqlx::Error> {
+        use sqlx::Row;
+        self.try_get_unchecked::<Option<String>, _>(index)
+    }
+}

@@ -11,6 +11,7 @@ use std::time::Instant;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::protocol::{IngressEntry, SendResult};
+use herald_shared::db::TextColumns;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
@@ -109,10 +110,10 @@ impl CommitPipeline {
                     .push_unseparated(")");
             }
             for row in q.build().fetch_all(&mut *tx).await? {
-                let key = (row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?, row.try_get::<String, _>(2)?);
+                let key = (row.text(0)?, row.text(1)?, row.text(2)?);
                 let r = SendResult {
                     id: MsgId(row.try_get::<u64, _>(3)?),
-                    conv: row.try_get(4)?,
+                    conv: row.text(4)?,
                     seq: row.try_get(5)?,
                     ts: row.try_get::<i64, _>(6)? as u64,
                     dup: true,
@@ -132,18 +133,18 @@ impl CommitPipeline {
         let mut convs: BTreeMap<(String, String), ConvState> = BTreeMap::new();
         if !wanted.is_empty() {
             let mut q = QueryBuilder::<MySql>::new(
-                "SELECT tenant_id, id, kind, created_at, last_seq, COALESCE(last_msg_id, 0), last_active_at FROM conversations WHERE ",
+                "SELECT tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at FROM conversations WHERE ",
             );
             push_pairs(&mut q, "id", &wanted);
             q.push(" ORDER BY tenant_id, id FOR UPDATE");
             for row in q.build().fetch_all(&mut *tx).await? {
                 convs.insert(
-                    (row.try_get(0)?, row.try_get(1)?),
+                    (row.text(0)?, row.text(1)?),
                     ConvState {
-                        kind: row.try_get(2)?,
+                        kind: row.text(2)?,
                         created_at: row.try_get(3)?,
                         last_seq: row.try_get(4)?,
-                        last_id: MsgId(row.try_get::<u64, _>(5)?),
+                        last_id: MsgId(row.try_get::<Option<u64>, _>(5)?.unwrap_or(0)),
                         last_active_at: row.try_get(6)?,
                         members: HashSet::new(),
                         changed: false,
@@ -154,9 +155,9 @@ impl CommitPipeline {
             push_pairs(&mut q, "conv_id", &wanted);
             q.push(")");
             for row in q.build().fetch_all(&mut *tx).await? {
-                let key: (String, String) = (row.try_get(0)?, row.try_get(1)?);
+                let key: (String, String) = (row.text(0)?, row.text(1)?);
                 if let Some(c) = convs.get_mut(&key) {
-                    c.members.insert(row.try_get(2)?);
+                    c.members.insert(row.text(2)?);
                 }
             }
         }

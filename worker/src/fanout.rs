@@ -16,6 +16,7 @@ use herald_shared::ids::MsgId;
 use herald_shared::keys::{Keys, FANOUT_LUA};
 use herald_shared::protocol::{msg_frame, Delivery, Message, NodeEnvelope};
 use serde_json::value::RawValue;
+use herald_shared::db::TextColumns;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
@@ -67,13 +68,13 @@ impl Fanout {
             .map(|r| {
                 Ok(Committed {
                     id: MsgId(r.try_get::<u64, _>(0)?),
-                    tenant: r.try_get(1)?,
-                    conv: r.try_get(2)?,
+                    tenant: r.text(1)?,
+                    conv: r.text(2)?,
                     seq: r.try_get(3)?,
-                    sender: r.try_get(4)?,
-                    sender_device: r.try_get(5)?,
-                    cmid: r.try_get(6)?,
-                    body: r.try_get(7)?,
+                    sender: r.text(4)?,
+                    sender_device: r.text(5)?,
+                    cmid: r.text(6)?,
+                    body: r.text(7)?,
                     ts: r.try_get::<i64, _>(8)? as u64,
                 })
             })
@@ -99,7 +100,7 @@ impl Fanout {
         }
         let rows = q.build().fetch_all(&self.db).await?;
         rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?, r.try_get(5)?)))
+            .map(|r| Ok((r.text(0)?, r.text(1)?, r.text(2)?, r.try_get(3)?, r.try_get(4)?, r.text(5)?)))
             .collect()
     }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use herald_shared::config::OutboxConfig;
 use herald_shared::ids::{now_ms, MsgId};
 use serde::{Deserialize, Serialize};
+use herald_shared::db::TextColumns;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 use tokio::sync::Notify;
@@ -112,7 +113,7 @@ impl Outbox {
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for r in &rows {
-            let payload: String = r.try_get(2)?;
+            let payload: String = r.text(2)?;
             let payload = serde_json::from_str(&payload).unwrap_or(Payload { ids: Vec::new() });
             claimed.push((r.try_get::<u64, _>(0)?, r.try_get::<u32, _>(1)?, payload));
         }
@@ -190,20 +191,20 @@ impl Outbox {
     /// Rows by status, for the metrics gauge.
     pub async fn counts(&self) -> Result<Vec<(String, i64)>, sqlx::Error> {
         let rows = sqlx::query("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetch_all(&self.db).await?;
-        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
+        rows.iter().map(|r| Ok((r.text(0)?, r.try_get(1)?))).collect()
     }
 }
 
 fn row_to_event(r: &sqlx::mysql::MySqlRow) -> Result<OutboxEvent, sqlx::Error> {
-    let payload: String = r.try_get(9)?;
+    let payload: String = r.text(9)?;
     Ok(OutboxEvent {
         id: r.try_get(0)?,
-        kind: r.try_get(1)?,
-        status: r.try_get(2)?,
+        kind: r.text(1)?,
+        status: r.text(2)?,
         retry_count: r.try_get(3)?,
         next_retry_at: r.try_get(4)?,
         claimed_at: r.try_get(5)?,
-        last_error: r.try_get(6)?,
+        last_error: r.opt_text(6)?,
         created_at: r.try_get(7)?,
         updated_at: r.try_get(8)?,
         message_ids: serde_json::from_str::<Payload>(&payload).map(|p| p.ids).unwrap_or_default(),
