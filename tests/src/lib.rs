@@ -1,1 +1,333 @@
+//! Test harness: a fresh database and Redis key prefix per test, real `herald-worker`
+//! and `herald-gateway` processes on free ports, private Redis servers for fault tests.
+//!
+//! The binaries are the workspace's own (`cargo build --bins` first; the test
+//! command in the README does it). Every process is killed when its cluster drops.
 
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use herald_shared::auth::Platform;
+use herald_shared::client::{token, HttpClient};
+use herald_shared::keys::Keys;
+use sqlx::mysql::MySqlPool;
+use tokio::process::{Child, Command};
+
+pub const SECRET: &str = "test-secret-0123456789abcdef";
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const TENANT: &str = "acme";
+
+fn mysql_base() -> String {
+    std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+pub fn shared_redis_url() -> String {
+    std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// A free TCP port on loopback (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+fn target_dir() -> PathBuf {
+    // tests run from target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent().and_then(|p| p.parent()).expect("target dir").to_path_buf()
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    assert!(p.exists(), "{} is missing: run `cargo build --bins` before the tests (the README's test command does)", p.display());
+    p
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A real process of the cluster.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running process")
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.listen)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin)
+    }
+}
+
+/// A private `redis-server` on a free port, for tests that stop Redis.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl RedisServer {
+    pub async fn start() -> RedisServer {
+        let mut r = RedisServer { port: free_port(), child: None };
+        r.restart().await;
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Starts it (again) on the same port, empty: no persistence.
+    pub async fn restart(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        self.child = Some(child);
+        let port = self.port;
+        eventually(Duration::from_secs(10), "private redis answers", || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
+        })
+        .await;
+    }
+
+    /// SIGKILL: everything in it is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One test's Herald cluster: its own database, key prefix and processes.
+pub struct Cluster {
+    pub db_name: String,
+    pub mysql_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    pub workers: Vec<Proc>,
+    pub gateways: Vec<Proc>,
+    pub log_dir: PathBuf,
+    /// Extra settings applied to every process started (`HERALD_*` names).
+    pub env: Vec<(String, String)>,
+    started: usize,
+}
+
+impl Cluster {
+    pub fn new(test: &str) -> Cluster {
+        Self::with_redis(test, shared_redis_url())
+    }
+
+    pub fn with_redis(test: &str, redis_url: String) -> Cluster {
+        let id: u32 = rand::random();
+        let db_name = format!("herald_it_{}_{id:08x}", test.replace('-', "_"));
+        let log_dir = target_dir().join("test-logs").join(format!("{test}-{id:08x}"));
+        std::fs::create_dir_all(&log_dir).expect("log dir");
+        Cluster {
+            mysql_url: format!("{}/{db_name}", mysql_base()),
+            db_name,
+            redis_url,
+            prefix: format!("it{id:08x}"),
+            workers: Vec::new(),
+            gateways: Vec::new(),
+            log_dir,
+            env: Vec::new(),
+            started: 0,
+        }
+    }
+
+    pub fn set(&mut self, key: &str, value: &str) -> &mut Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    async fn spawn(&mut self, binary: &str, kind: &str, extra: &[(&str, &str)]) -> Proc {
+        self.started += 1;
+        let name = format!("{kind}-{}", self.started);
+        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let log = std::fs::File::create(self.log_dir.join(format!("{name}.log"))).expect("log file");
+        let mut cmd = Command::new(bin(binary));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("RUST_LOG", std::env::var("IT_LOG").unwrap_or_else(|_| "info".into()))
+            .env("HERALD_MYSQL_URL", &self.mysql_url)
+            .env("HERALD_REDIS_URL", &self.redis_url)
+            .env("HERALD_REDIS_KEY_PREFIX", &self.prefix)
+            .env("HERALD_JWT_SECRET", SECRET)
+            .env("HERALD_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("HERALD_NODE_ID", &name)
+            .env("HERALD_LISTEN", listen.to_string())
+            .env("HERALD_ADMIN_LISTEN", admin.to_string());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        cmd.stdout(log.try_clone().expect("log")).stderr(log).kill_on_drop(true);
+        let child = cmd.spawn().expect("spawn process");
+        Proc { name, child, listen, admin }
+    }
+
+    async fn wait_ready(p: &mut Proc, log_dir: &std::path::Path) {
+        let url = format!("{}/readyz", p.admin_url());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let http = reqwest::Client::new();
+        loop {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                let log = std::fs::read_to_string(log_dir.join(format!("{}.log", p.name))).unwrap_or_default();
+                panic!("{} exited with {status} before it was ready:\n{log}", p.name);
+            }
+            if let Ok(r) = http.get(&url).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "{} not ready within 60 s", p.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Starts a worker and waits until it is ready (migrations applied, leases held).
+    pub async fn start_worker(&mut self, extra: &[(&str, &str)]) -> usize {
+        let mut p = self.spawn("herald-worker", "wk", extra).await;
+        Self::wait_ready(&mut p, &self.log_dir).await;
+        self.workers.push(p);
+        self.workers.len() - 1
+    }
+
+    /// Starts a worker without waiting (for tests where Redis is down).
+    pub async fn spawn_worker(&mut self, extra: &[(&str, &str)]) -> usize {
+        let p = self.spawn("herald-worker", "wk", extra).await;
+        self.workers.push(p);
+        self.workers.len() - 1
+    }
+
+    pub async fn start_gateway(&mut self, extra: &[(&str, &str)]) -> usize {
+        let mut p = self.spawn("herald-gateway", "gw", extra).await;
+        Self::wait_ready(&mut p, &self.log_dir).await;
+        self.gateways.push(p);
+        self.gateways.len() - 1
+    }
+
+    pub fn token(&self, user: &str, device: &str) -> String {
+        token(SECRET, TENANT, user, device, Platform::Ios)
+    }
+
+    /// A device's HTTP client against gateway `gw`.
+    pub fn client(&self, gw: usize, user: &str, device: &str) -> HttpClient {
+        HttpClient::new(self.gateways[gw].base_url(), self.token(user, device))
+    }
+
+    pub fn client_in(&self, gw: usize, tenant: &str, user: &str, device: &str) -> HttpClient {
+        HttpClient::new(self.gateways[gw].base_url(), token(SECRET, tenant, user, device, Platform::Web))
+    }
+
+    pub async fn db(&self) -> MySqlPool {
+        MySqlPool::connect(&self.mysql_url).await.expect("test database")
+    }
+
+    pub async fn redis(&self) -> Client {
+        let c = Builder::from_config(Config::from_url(&self.redis_url).expect("redis url")).build().expect("redis client");
+        c.init().await.expect("redis connects");
+        c
+    }
+
+    pub fn keys(&self) -> Keys {
+        Keys::new(self.prefix.clone())
+    }
+
+    pub fn admin(&self, worker: usize) -> AdminClient {
+        AdminClient { base: self.workers[worker].admin_url(), http: reqwest::Client::new() }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for p in self.workers.iter_mut().chain(self.gateways.iter_mut()) {
+            let _ = p.child.start_kill();
+        }
+        if std::env::var("IT_KEEP_DB").is_err() {
+            let _ = std::process::Command::new("mariadb")
+                .args(["-h", "127.0.0.1", "-u", "root", "-e", &format!("DROP DATABASE IF EXISTS `{}`", self.db_name)])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// The worker's admin API.
+pub struct AdminClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl AdminClient {
+    pub async fn get(&self, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.expect("admin reachable");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    pub async fn post(&self, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
+        let mut req = self.http.post(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.expect("admin reachable");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+}
+
+/// The ids in a device's pending set.
+pub async fn pending_ids(redis: &Client, keys: &Keys, user: &str, device: &str) -> std::collections::BTreeSet<u64> {
+    let members: Vec<String> = redis.zrange(keys.pending(TENANT, user, device), 0, -1, None, false, None, false).await.expect("zrange");
+    members.iter().map(|m| m.parse::<u64>().expect("fixed-width id member")).collect()
+}

@@ -1,0 +1,202 @@
+//! The durable send path end to end: real gateway and worker processes, real MariaDB
+//! and Redis, HTTP clients.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_shared::error::ErrorCode;
+use herald_shared::protocol::SendResult;
+use herald_tests::{eventually, pending_ids, Cluster, TENANT};
+use serde_json::json;
+use sqlx::Row;
+
+const USERS: usize = 25;
+const CONVS: usize = 20;
+
+fn user(i: usize) -> String {
+    format!("u{i:02}")
+}
+
+/// Conversation k's members: users k, k+4, ..., k+16 (mod 25); every user is in some.
+fn members_of(k: usize) -> Vec<String> {
+    (0..5).map(|j| user((k + 4 * j) % USERS)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
+    let mut c = Cluster::new("concurrent");
+    c.start_worker(&[]).await;
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+
+    for k in 0..CONVS {
+        let m = members_of(k);
+        let refs: Vec<&str> = m.iter().map(String::as_str).collect();
+        let (status, _) = c.client(0, &m[0], "d0").create_conversation(Some(&format!("g{k}")), "group", &refs).await.unwrap();
+        assert_eq!(status, 201);
+    }
+    // 50 devices: two per user; each registers, then sends 200 times (20% repeats).
+    let mut senders = Vec::new();
+    for u in 0..USERS {
+        for d in 0..2 {
+            senders.push((user(u), format!("d{d}")));
+        }
+    }
+    for (u, d) in &senders {
+        c.client(0, u, d).register_device().await.unwrap();
+    }
+    let convs_of: Arc<HashMap<String, Vec<String>>> = Arc::new(
+        (0..USERS).map(|u| (user(u), (0..CONVS).filter(|k| members_of(*k).contains(&user(u))).map(|k| format!("g{k}")).collect())).collect(),
+    );
+    let mut tasks = Vec::new();
+    for (i, (u, d)) in senders.iter().enumerate() {
+        let client = c.client(i % 2, u, d);
+        let (u, convs_of) = (u.clone(), convs_of.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng_state: u64 = 0x9e37_79b9_7f4a_7c15 ^ i as u64;
+            let mut next = move || {
+                rng_state ^= rng_state << 13;
+                rng_state ^= rng_state >> 7;
+                rng_state ^= rng_state << 17;
+                rng_state
+            };
+            let convs = &convs_of[&u];
+            // (cmid, conv, answer, was it a repeat)
+            let mut log: Vec<(String, String, SendResult, bool)> = Vec::new();
+            for n in 0..200 {
+                let repeat = n > 0 && next() % 5 == 0;
+                let (cmid, conv) = if repeat {
+                    let (cmid, conv, _, _) = &log[(next() % log.len() as u64) as usize];
+                    (cmid.clone(), conv.clone())
+                } else {
+                    (format!("{i}-{n}"), convs[(next() % convs.len() as u64) as usize].clone())
+                };
+                let r = client.send_until_committed(&cmid, &conv, &json!({"n": n}), 20).await.expect("send commits");
+                log.push((cmid, conv, r, repeat));
+            }
+            (i, log)
+        }));
+    }
+    let mut first: HashMap<(usize, String), SendResult> = HashMap::new();
+    let mut repeats = Vec::new();
+    for t in tasks {
+        let (i, log) = t.await.unwrap();
+        for (cmid, _, r, repeat) in log {
+            if repeat {
+                repeats.push(((i, cmid), r));
+            } else {
+                first.insert((i, cmid), r);
+            }
+        }
+    }
+    assert!(repeats.len() > 1_500, "about 20% repeats expected, got {}", repeats.len());
+    for (key, r) in &repeats {
+        let f = &first[key];
+        assert!(r.dup, "a repeat of {key:?} was not answered with dup: true");
+        assert_eq!((r.id, r.seq), (f.id, f.seq), "a repeat of {key:?} got another id/seq");
+    }
+
+    let db = c.db().await;
+    let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
+    assert_eq!(total as usize, first.len(), "the database holds exactly the unique messages");
+    for row in sqlx::query("SELECT conv_id, COUNT(*), MIN(seq), MAX(seq) FROM messages GROUP BY conv_id").fetch_all(&db).await.unwrap() {
+        let (count, min, max): (i64, u64, u64) = (row.get(1), row.get(2), row.get(3));
+        assert_eq!((min, max), (1, count as u64), "seq of a conversation is 1..N without gaps");
+    }
+    let (convs_last,): (i64,) = sqlx::query_as("SELECT CAST(SUM(last_seq) AS SIGNED) FROM conversations").fetch_one(&db).await.unwrap();
+    assert_eq!(convs_last, total, "conversations.last_seq matches the messages");
+
+    // Every committed message is pending on every member device but the sender's.
+    let rows = sqlx::query("SELECT id, conv_id, sender_id, sender_device FROM messages").fetch_all(&db).await.unwrap();
+    let mut expected: BTreeMap<(String, String), BTreeSet<u64>> = BTreeMap::new();
+    for r in &rows {
+        let id: u64 = r.get(0);
+        let conv = String::from_utf8(r.get::<Vec<u8>, _>(1)).unwrap();
+        let (sender, sdev) = (String::from_utf8(r.get::<Vec<u8>, _>(2)).unwrap(), String::from_utf8(r.get::<Vec<u8>, _>(3)).unwrap());
+        let k: usize = conv[1..].parse().unwrap();
+        for m in members_of(k) {
+            for d in ["d0", "d1"] {
+                if !(m == sender && d == sdev) {
+                    expected.entry((m.clone(), d.to_string())).or_default().insert(id);
+                }
+            }
+        }
+    }
+    let redis = c.redis().await;
+    let keys = c.keys();
+    for ((u, d), want) in &expected {
+        let got = eventually(Duration::from_secs(20), "pending sets match the committed messages", || {
+            let (redis, keys) = (redis.clone(), keys.clone());
+            async move {
+                let got = pending_ids(&redis, &keys, u, d).await;
+                (got == *want).then_some(got)
+            }
+        })
+        .await;
+        assert_eq!(got.len(), want.len());
+    }
+    let _ = TENANT;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_protocol_errors_and_stores_nothing() {
+    let mut c = Cluster::new("badinput");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[("HERALD_GATEWAY__MAX_BODY_BYTES", "1024")]).await;
+    let alice = c.client(0, "alice", "a1");
+    let carol = c.client(0, "carol", "c1");
+    assert_eq!(alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap().0, 201);
+    // The same again is 200; other members is 409.
+    assert_eq!(alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap().0, 200);
+    let conflict = alice.create_conversation(Some("ab"), "group", &["alice", "bob", "dan"]).await.unwrap_err();
+    assert_eq!(conflict.code(), Some(ErrorCode::Conflict));
+    for (kind, members) in [("direct", vec!["alice", "bob", "dan"]), ("group", vec!["bob", "dan"]), ("chat", vec!["alice"])] {
+        let e = alice.create_conversation(None, kind, &members).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{kind} {members:?}");
+    }
+
+    let body = json!({"text": "hi"});
+    // Tokens: wrong secret, expired, garbage.
+    let forged = herald_shared::client::token("another-secret-0123456789", TENANT, "alice", "a1", herald_shared::auth::Platform::Ios);
+    let expired = herald_shared::auth::sign(
+        &herald_shared::auth::Claims { tid: TENANT.into(), sub: "alice".into(), dev: "a1".into(), plat: herald_shared::auth::Platform::Ios, exp: 1_000 },
+        herald_tests::SECRET.as_bytes(),
+    );
+    for bad in [forged, expired, "not-a-jwt".to_string()] {
+        let e = herald_shared::client::HttpClient::new(c.gateways[0].base_url(), bad).send("x1", "ab", &body).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    }
+    // Another tenant's conversation is not found, whatever ids it sends.
+    let mallory = c.client_in(0, "evil", "alice", "a1");
+    assert_eq!(mallory.send("x2", "ab", &body).await.unwrap_err().code(), Some(ErrorCode::NotFound));
+    assert_eq!(mallory.change_members("ab", &["mallory"], &[]).await.unwrap_err().code(), Some(ErrorCode::NotFound));
+    // Non-member, unknown conversation.
+    assert_eq!(carol.send("x3", "ab", &body).await.unwrap_err().code(), Some(ErrorCode::Forbidden));
+    assert_eq!(carol.change_members("ab", &["carol"], &[]).await.unwrap_err().code(), Some(ErrorCode::Forbidden));
+    assert_eq!(alice.send("x4", "nope", &body).await.unwrap_err().code(), Some(ErrorCode::NotFound));
+    // Oversized body, over-long cmid, malformed JSON, missing fields.
+    let big = json!({"text": "x".repeat(2_000)});
+    assert_eq!(alice.send("x5", "ab", &big).await.unwrap_err().code(), Some(ErrorCode::TooLarge));
+    assert_eq!(alice.send(&"c".repeat(65), "ab", &body).await.unwrap_err().code(), Some(ErrorCode::BadRequest));
+    assert_eq!(alice.send("", "ab", &body).await.unwrap_err().code(), Some(ErrorCode::BadRequest));
+    for raw in [&b"{not json"[..], br#"{"cmid":"x6","conv":"ab"}"#, br#"{"cmid":7,"conv":"ab","body":1}"#, br#"[]"#] {
+        let (status, v) = alice.post_raw("/v1/messages", raw.to_vec()).await.unwrap();
+        assert_eq!(status, 400, "{}", String::from_utf8_lossy(raw));
+        assert_eq!(v["error"]["code"], "bad_request");
+    }
+    // A direct conversation's members are fixed.
+    assert_eq!(alice.change_members("ab", &["dan"], &[]).await.unwrap_err().code(), Some(ErrorCode::Conflict));
+
+    let db = c.db().await;
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
+    assert_eq!(n, 0, "no bad request stored a message");
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations").fetch_one(&db).await.unwrap();
+    assert_eq!(n, 1);
+    let members: Vec<Vec<u8>> = sqlx::query_scalar("SELECT user_id FROM members ORDER BY user_id").fetch_all(&db).await.unwrap();
+    assert_eq!(members, vec![b"alice".to_vec(), b"bob".to_vec()]);
+    // And a good send still works afterwards.
+    let ok = alice.send("x7", "ab", &body).await.unwrap();
+    assert_eq!((ok.seq, ok.dup), (1, false));
+}
