@@ -200,3 +200,147 @@ async fn bad_input_gets_protocol_errors_and_stores_nothing() {
     let ok = alice.send("x7", "ab", &body).await.unwrap();
     assert_eq!((ok.seq, ok.dup), (1, false));
 }
+
+/// HTTP/1.1 pipelining: 100 sends written back to back on one connection before any
+/// answer is read. Their `seq` must follow the order they were written in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_sends_of_one_device_get_increasing_seq() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut c = Cluster::new("order");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("g"), "group", &["alice", "bob", "carol"]).await.unwrap();
+    // Another member sends concurrently, so seq is shared and batches interleave.
+    let bob = c.client(0, "bob", "b1");
+    let noise = tokio::spawn(async move {
+        for n in 0..100 {
+            bob.send_until_committed(&format!("b{n}"), "g", &json!({}), 20).await.unwrap();
+        }
+    });
+
+    let token = c.token("alice", "a1");
+    let mut requests = Vec::new();
+    for n in 0..100 {
+        let body = json!({"cmid": format!("a{n}"), "conv": "g", "body": {"n": n}}).to_string();
+        requests.extend_from_slice(
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+    }
+    let mut conn = tokio::net::TcpStream::connect(c.gateways[0].listen).await.unwrap();
+    conn.write_all(&requests).await.unwrap();
+    let mut seqs = Vec::new();
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 65536];
+    while seqs.len() < 100 {
+        let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut chunk)).await.expect("answers arrive").unwrap();
+        assert!(n > 0, "connection closed after {} answers", seqs.len());
+        buf.extend_from_slice(&chunk[..n]);
+        // Each answer: headers, blank line, a JSON body of content-length bytes.
+        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length: ")).expect("content-length").trim().parse().unwrap();
+            if buf.len() < end + 4 + len {
+                break;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap();
+            seqs.push(v["seq"].as_u64().unwrap());
+            buf.drain(..end + 4 + len);
+        }
+    }
+    noise.await.unwrap();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seq must increase in send order: {seqs:?}");
+}
+
+/// SIGKILL one of two workers during a stream of sends. The survivor takes over its
+/// shards and pending entries; clients resend unconfirmed sends with the same cmid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn worker_sigkill_mid_stream_loses_and_doubles_nothing() {
+    let mut c = Cluster::new("wkkill");
+    c.set("HERALD_WORKER__LEASE_TTL_MS", "1500")
+        .set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "2000")
+        .set("HERALD_OUTBOX__FIXED_DELAY_MS", "200")
+        .set("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "1000");
+    c.start_worker(&[]).await;
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let members = ["u0", "u1", "u2", "u3", "u4"];
+    for k in 0..10 {
+        c.client(0, "u0", "d0").create_conversation(Some(&format!("g{k}")), "group", &members).await.unwrap();
+    }
+    for u in members {
+        for d in ["d0", "d1"] {
+            c.client(0, u, d).register_device().await.unwrap();
+        }
+    }
+    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for (i, u) in members.iter().enumerate() {
+        for d in ["d0", "d1"] {
+            let client = c.client(0, u, d);
+            let acked = acked.clone();
+            let tag = format!("{u}{d}");
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for n in 0..150 {
+                    let conv = format!("g{}", (n + i) % 10);
+                    let cmid = format!("{tag}-{n}");
+                    let r = client.send_until_committed(&cmid, &conv, &json!({"n": n}), 100).await.expect("committed eventually");
+                    acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    out.push((cmid, r));
+                }
+                out
+            }));
+        }
+    }
+    eventually(Duration::from_secs(30), "a third of the sends acknowledged", || {
+        let acked = acked.clone();
+        async move { (acked.load(std::sync::atomic::Ordering::Relaxed) >= 500).then_some(()) }
+    })
+    .await;
+    c.workers[0].kill().await;
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.extend(t.await.unwrap());
+    }
+    assert_eq!(answers.len(), 1500);
+
+    let db = c.db().await;
+    for (cmid, r) in &answers {
+        let rows = sqlx::query("SELECT id, seq FROM messages WHERE tenant_id = ? AND client_msg_id = ?").bind(TENANT).bind(cmid).fetch_all(&db).await.unwrap();
+        assert_eq!(rows.len(), 1, "acknowledged {cmid} exists exactly once");
+        assert_eq!((rows[0].get::<u64, _>(0), rows[0].get::<u64, _>(1)), (r.id.0, r.seq), "{cmid} stored as acknowledged");
+    }
+    let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
+    assert_eq!(total, 1500);
+    for row in sqlx::query("SELECT conv_id, COUNT(*), MAX(seq) FROM messages GROUP BY conv_id").fetch_all(&db).await.unwrap() {
+        assert_eq!(row.get::<i64, _>(1) as u64, row.get::<u64, _>(2), "no seq gap");
+    }
+    // Every committed message reaches every other device, including batches whose
+    // worker died between COMMIT and fan-out (the outbox redoes them).
+    let ids: Vec<(u64, String, String)> = sqlx::query("SELECT id, sender_id, sender_device FROM messages")
+        .fetch_all(&db)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), String::from_utf8(r.get::<Vec<u8>, _>(1)).unwrap(), String::from_utf8(r.get::<Vec<u8>, _>(2)).unwrap()))
+        .collect();
+    let redis = c.redis().await;
+    let keys = c.keys();
+    for u in members {
+        for d in ["d0", "d1"] {
+            let want: BTreeSet<u64> = ids.iter().filter(|(_, su, sd)| !(su == u && sd == d)).map(|(id, _, _)| *id).collect();
+            eventually(Duration::from_secs(30), "every committed message is pending on every other device", || {
+                let (redis, keys, want) = (redis.clone(), keys.clone(), want.clone());
+                async move { (pending_ids(&redis, &keys, u, d).await == want).then_some(()) }
+            })
+            .await;
+        }
+    }
+}
