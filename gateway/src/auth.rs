@@ -1,8 +1,8 @@
 //! Authentication of every public request, and device registration on first sight.
 
 use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
 use axum::http::header;
+use axum::http::request::Parts;
 use herald_shared::auth::{verify, Claims};
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::now_ms;
@@ -27,7 +27,8 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let token = token_of(parts).ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "missing bearer token"))?;
-        let claims = verify(&token, state.cfg.jwt_secret.0.as_bytes()).map_err(|e| ApiError::new(ErrorCode::Unauthorized, e.to_string()))?;
+        let claims = verify(&token, state.cfg.jwt_secret.0.as_bytes())
+            .map_err(|e| ApiError::new(ErrorCode::Unauthorized, e.to_string()))?;
         register_device(state, &claims).await?;
         Ok(Caller(claims))
     }

@@ -11,11 +11,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use herald_shared::auth::is_valid_ident;
+use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::now_ms;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use herald_shared::db::TextColumns;
 use sqlx::{MySql, QueryBuilder, Row};
 
 use crate::auth::Caller;
@@ -44,7 +44,9 @@ pub struct Conversation {
 fn check_members(members: &[String], max: usize) -> ApiResult<BTreeSet<String>> {
     let set: BTreeSet<String> = members.iter().cloned().collect();
     if let Some(bad) = set.iter().find(|m| !is_valid_ident(m)) {
-        return Err(ApiError::bad_request(format!("member {bad:?} is not a valid user id (1..64 printable ASCII characters)")));
+        return Err(ApiError::bad_request(format!(
+            "member {bad:?} is not a valid user id (1..64 printable ASCII characters)"
+        )));
     }
     if set.len() > max {
         return Err(ApiError::bad_request(format!("a conversation has at most {max} members")));
@@ -52,7 +54,11 @@ fn check_members(members: &[String], max: usize) -> ApiResult<BTreeSet<String>> 
     Ok(set)
 }
 
-pub async fn create(State(state): State<AppState>, Caller(c): Caller, body: Bytes) -> ApiResult<(StatusCode, Json<Conversation>)> {
+pub async fn create(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Conversation>)> {
     let req: CreateRequest = parse_json(&body)?;
     if req.kind != "direct" && req.kind != "group" {
         return Err(ApiError::bad_request("kind must be \"direct\" or \"group\""));
@@ -94,35 +100,53 @@ pub async fn create(State(state): State<AppState>, Caller(c): Caller, body: Byte
         if existing.kind == req.kind && same_members == members {
             return Ok((StatusCode::OK, Json(existing)));
         }
-        return Err(ApiError::new(ErrorCode::Conflict, "a conversation with this id exists with another kind or other members"));
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "a conversation with this id exists with another kind or other members",
+        ));
     }
-    let mut q = QueryBuilder::<MySql>::new("INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ");
+    let mut q = QueryBuilder::<MySql>::new(
+        "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ",
+    );
     q.push_values(&members, |mut b, m| {
         b.push_bind(&c.tid).push_bind(&id).push_bind(m).push_bind(0u64).push_bind(0u64).push_bind(now);
     });
     q.build().execute(&mut *tx).await?;
     tx.commit().await?;
-    Ok((StatusCode::CREATED, Json(Conversation { id, kind: req.kind, title: req.title, members: members.into_iter().collect(), last_seq: 0, created_at: now })))
+    Ok((
+        StatusCode::CREATED,
+        Json(Conversation {
+            id,
+            kind: req.kind,
+            title: req.title,
+            members: members.into_iter().collect(),
+            last_seq: 0,
+            created_at: now,
+        }),
+    ))
 }
 
 /// A conversation of the tenant with its current members.
 async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conversation>> {
-    let Some(row) = sqlx::query("SELECT kind, title, last_seq, created_at FROM conversations WHERE tenant_id = ? AND id = ?")
-        .bind(tenant)
-        .bind(id)
-        .fetch_optional(&state.db)
-        .await?
+    let Some(row) =
+        sqlx::query("SELECT kind, title, last_seq, created_at FROM conversations WHERE tenant_id = ? AND id = ?")
+            .bind(tenant)
+            .bind(id)
+            .fetch_optional(&state.db)
+            .await?
     else {
         return Ok(None);
     };
-    let members = sqlx::query("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL ORDER BY user_id")
-        .bind(tenant)
-        .bind(id)
-        .fetch_all(&state.db)
-        .await?
-        .iter()
-        .map(|r| r.text(0))
-        .collect::<Result<Vec<_>, _>>()?;
+    let members = sqlx::query(
+        "SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL ORDER BY user_id",
+    )
+    .bind(tenant)
+    .bind(id)
+    .fetch_all(&state.db)
+    .await?
+    .iter()
+    .map(|r| r.text(0))
+    .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Conversation {
         id: id.to_owned(),
         kind: row.text(0)?,
@@ -142,7 +166,12 @@ struct MembersRequest {
     remove: Vec<String>,
 }
 
-pub async fn change_members(State(state): State<AppState>, Caller(c): Caller, Path(id): Path<String>, body: Bytes) -> ApiResult<Json<Conversation>> {
+pub async fn change_members(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<Conversation>> {
     let req: MembersRequest = parse_json(&body)?;
     let add = check_members(&req.add, state.cfg.gateway.max_group_size)?;
     let remove = check_members(&req.remove, state.cfg.gateway.max_group_size)?;
@@ -174,12 +203,17 @@ pub async fn change_members(State(state): State<AppState>, Caller(c): Caller, Pa
     }
     let after = current.len() + add.difference(&current).count() - remove.intersection(&current).count();
     if after > state.cfg.gateway.max_group_size {
-        return Err(ApiError::bad_request(format!("a conversation has at most {} members", state.cfg.gateway.max_group_size)));
+        return Err(ApiError::bad_request(format!(
+            "a conversation has at most {} members",
+            state.cfg.gateway.max_group_size
+        )));
     }
     let now = now_ms() as i64;
     let joining: Vec<&String> = add.difference(&current).collect();
     if !joining.is_empty() {
-        let mut q = QueryBuilder::<MySql>::new("INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ");
+        let mut q = QueryBuilder::<MySql>::new(
+            "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ",
+        );
         q.push_values(&joining, |mut b, m| {
             b.push_bind(&c.tid).push_bind(&id).push_bind(*m).push_bind(last_seq).push_bind(last_seq).push_bind(now);
         });
@@ -188,13 +222,15 @@ pub async fn change_members(State(state): State<AppState>, Caller(c): Caller, Pa
         q.build().execute(&mut *tx).await?;
     }
     for m in remove.intersection(&current) {
-        sqlx::query("UPDATE members SET left_seq = ? WHERE tenant_id = ? AND conv_id = ? AND user_id = ? AND left_seq IS NULL")
-            .bind(last_seq)
-            .bind(&c.tid)
-            .bind(&id)
-            .bind(m)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE members SET left_seq = ? WHERE tenant_id = ? AND conv_id = ? AND user_id = ? AND left_seq IS NULL",
+        )
+        .bind(last_seq)
+        .bind(&c.tid)
+        .bind(&id)
+        .bind(m)
+        .execute(&mut *tx)
+        .await?;
     }
     tx.commit().await?;
     let conv = load(&state, &c.tid, &id).await?.ok_or_else(ApiError::not_found)?;
@@ -208,7 +244,11 @@ pub struct ListQuery {
 }
 
 /// Most recently active first; the cursor is `<last_active_at>:<id>` of the last item.
-pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Query<ListQuery>) -> ApiResult<Json<Value>> {
+pub async fn list(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Value>> {
     let limit = q.limit.unwrap_or(50);
     if !(1..=200).contains(&limit) {
         return Err(ApiError::bad_request("limit must be 1..200"));
@@ -227,7 +267,13 @@ pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Qu
     );
     qb.push_bind(&c.tid).push(" AND m.user_id = ").push_bind(&c.sub).push(" AND m.left_seq IS NULL");
     if let Some((ts, id)) = &cursor {
-        qb.push(" AND (c.last_active_at < ").push_bind(*ts).push(" OR (c.last_active_at = ").push_bind(*ts).push(" AND c.id < ").push_bind(id).push("))");
+        qb.push(" AND (c.last_active_at < ")
+            .push_bind(*ts)
+            .push(" OR (c.last_active_at = ")
+            .push_bind(*ts)
+            .push(" AND c.id < ")
+            .push_bind(id)
+            .push("))");
     }
     qb.push(" ORDER BY c.last_active_at DESC, c.id DESC LIMIT ").push_bind(limit + 1);
     let rows = qb.build().fetch_all(&state.db).await?;
@@ -254,7 +300,9 @@ pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Qu
         }));
     }
     if !last_ids.is_empty() {
-        let mut qb = QueryBuilder::<MySql>::new("SELECT id, conv_id, seq, sender_id, client_msg_id, created_at, body FROM messages WHERE id IN (");
+        let mut qb = QueryBuilder::<MySql>::new(
+            "SELECT id, conv_id, seq, sender_id, client_msg_id, created_at, body FROM messages WHERE id IN (",
+        );
         let mut sep = qb.separated(", ");
         for id in &last_ids {
             sep.push_bind(*id);
@@ -262,8 +310,13 @@ pub async fn list(State(state): State<AppState>, Caller(c): Caller, Query(q): Qu
         qb.push(")");
         let msgs = qb.build().fetch_all(&state.db).await?;
         for item in items.iter_mut() {
-            let Some(want) = item["last_message_id"].as_str().map(str::to_owned) else { continue };
-            if let Some(m) = msgs.iter().find(|m| m.try_get::<u64, _>(0).ok().map(|v| v.to_string()).as_deref() == Some(want.as_str())) {
+            let Some(want) = item["last_message_id"].as_str().map(str::to_owned) else {
+                continue;
+            };
+            if let Some(m) = msgs
+                .iter()
+                .find(|m| m.try_get::<u64, _>(0).ok().map(|v| v.to_string()).as_deref() == Some(want.as_str()))
+            {
                 let body: String = m.text(6)?;
                 item["last_message"] = json!({
                     "id": want,

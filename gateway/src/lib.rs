@@ -97,11 +97,21 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let subscriber = notices::subscribe(&cfg.redis_url, keys.node_channel(&cfg.node_id)).await?;
 
     let (listen, admin_listen) = (cfg.listen, cfg.admin_listen);
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|source| GatewayError::Bind { addr: listen, source })?;
-    let admin = tokio::net::TcpListener::bind(admin_listen).await.map_err(|source| GatewayError::Bind { addr: admin_listen, source })?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.map_err(|source| GatewayError::Bind { addr: listen, source })?;
+    let admin = tokio::net::TcpListener::bind(admin_listen)
+        .await
+        .map_err(|source| GatewayError::Bind { addr: admin_listen, source })?;
     tracing::info!(node = %cfg.node_id, listen = %listen, admin = %admin_listen, "gateway started");
 
-    let state = AppState(Arc::new(GatewayState { cfg, db, redis, keys, waiters: waiters.clone(), known_devices: Mutex::new(HashSet::new()) }));
+    let state = AppState(Arc::new(GatewayState {
+        cfg,
+        db,
+        redis,
+        keys,
+        waiters: waiters.clone(),
+        known_devices: Mutex::new(HashSet::new()),
+    }));
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
     let ready = Readiness::default();

@@ -19,6 +19,9 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     herald_shared::telemetry::init_tracing(&cfg.log);
+    for var in &cli.ignored_env {
+        tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
+    }
     match herald_gateway::run(cfg, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -47,10 +47,25 @@ pub fn validate_send(state: &AppState, cmid: &str, conv: &str, body: &RawValue) 
 }
 
 /// Appends to the ingress stream and waits for the committed answer.
-pub async fn submit(state: &AppState, c: &herald_shared::auth::Claims, cmid: String, conv: String, body: String) -> ApiResult<SendResult> {
+pub async fn submit(
+    state: &AppState,
+    c: &herald_shared::auth::Claims,
+    cmid: String,
+    conv: String,
+    body: String,
+) -> ApiResult<SendResult> {
     let mut waiter = state.waiters.register();
     let shard = shard_of(&c.tid, &conv, state.cfg.ingress.shards);
-    let entry = IngressEntry { tenant: c.tid.clone(), user: c.sub.clone(), device: c.dev.clone(), cmid, conv, body, node: state.cfg.node_id.clone(), rid: waiter.rid };
+    let entry = IngressEntry {
+        tenant: c.tid.clone(),
+        user: c.sub.clone(),
+        device: c.dev.clone(),
+        cmid,
+        conv,
+        body,
+        node: state.cfg.node_id.clone(),
+        rid: waiter.rid,
+    };
     // No MAXLEN: an entry leaves the stream only when a worker has committed it (XDEL
     // after XACK), so a long worker outage cannot trim away accepted sends.
     let _: String = state.redis.xadd(state.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;

@@ -50,9 +50,11 @@ impl SendWaiters {
 /// Subscribes to this node's channel and dispatches what arrives. The subscription is
 /// made before the gateway accepts requests, so no answer can precede it.
 pub async fn subscribe(redis_url: &str, channel: String) -> Result<SubscriberClient, Error> {
-    let client = herald_shared::redis::builder(redis_url, std::time::Duration::from_secs(3))?.build_subscriber_client()?;
+    let client =
+        herald_shared::redis::builder(redis_url, std::time::Duration::from_secs(3))?.build_subscriber_client()?;
     client.init().await?;
-    let _ = client.manage_subscriptions();
+    // Re-subscribes after every reconnect; the task lives as long as the client.
+    drop(client.manage_subscriptions());
     client.subscribe(channel).await?;
     Ok(client)
 }
@@ -74,7 +76,9 @@ pub async fn listen(client: SubscriberClient, waiters: std::sync::Arc<SendWaiter
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
         };
-        let Some(text) = msg.value.as_str() else { continue };
+        let Some(text) = msg.value.as_str() else {
+            continue;
+        };
         let env: NodeEnvelope = match serde_json::from_str(&text) {
             Ok(e) => e,
             Err(e) => {

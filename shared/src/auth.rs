@@ -101,11 +101,8 @@ pub fn verify_at(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, AuthE
     let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
         return Err(AuthError::Malformed);
     };
-    let header: Header = URL_SAFE_NO_PAD
-        .decode(h)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or(AuthError::Malformed)?;
+    let header: Header =
+        URL_SAFE_NO_PAD.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or(AuthError::Malformed)?;
     if header.alg != "HS256" {
         return Err(AuthError::Algorithm);
     }
@@ -114,7 +111,8 @@ pub fn verify_at(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, AuthE
     m.update(&token.as_bytes()[..h.len() + 1 + p.len()]);
     m.verify_slice(&sig).map_err(|_| AuthError::Signature)?;
     let payload = URL_SAFE_NO_PAD.decode(p).map_err(|_| AuthError::Malformed)?;
-    let claims: Claims = serde_json::from_slice(&payload).map_err(|_| AuthError::Claims("tid, sub, dev, plat and exp are required"))?;
+    let claims: Claims =
+        serde_json::from_slice(&payload).map_err(|_| AuthError::Claims("tid, sub, dev, plat and exp are required"))?;
     if !is_valid_tenant(&claims.tid) {
         return Err(AuthError::Claims("tid must match [a-z0-9_-]{1,32}"));
     }
@@ -135,7 +133,13 @@ mod tests {
     use super::*;
 
     fn claims() -> Claims {
-        Claims { tid: "acme".into(), sub: "alice".into(), dev: "phone-1".into(), plat: Platform::Ios, exp: 2_000_000_000 }
+        Claims {
+            tid: "acme".into(),
+            sub: "alice".into(),
+            dev: "phone-1".into(),
+            plat: Platform::Ios,
+            exp: 2_000_000_000,
+        }
     }
 
     #[test]
@@ -163,7 +167,8 @@ mod tests {
         let none = format!("{}.{}.", URL_SAFE_NO_PAD.encode(br#"{"alg":"none"}"#), parts[1]);
         assert_eq!(verify_at(&none, b"secret", 0), Err(AuthError::Algorithm));
         let other = Claims { sub: "mallory".into(), ..claims() };
-        let forged = format!("{}.{}.{}", parts[0], URL_SAFE_NO_PAD.encode(serde_json::to_vec(&other).unwrap()), parts[2]);
+        let forged =
+            format!("{}.{}.{}", parts[0], URL_SAFE_NO_PAD.encode(serde_json::to_vec(&other).unwrap()), parts[2]);
         assert_eq!(verify_at(&forged, b"secret", 0), Err(AuthError::Signature));
     }
 }

@@ -12,7 +12,8 @@ use crate::protocol::SendResult;
 
 /// Mints a token for a device, valid for a day.
 pub fn token(secret: &str, tenant: &str, user: &str, device: &str, plat: Platform) -> String {
-    let claims = Claims { tid: tenant.into(), sub: user.into(), dev: device.into(), plat, exp: now_ms() / 1000 + 86_400 };
+    let claims =
+        Claims { tid: tenant.into(), sub: user.into(), dev: device.into(), plat, exp: now_ms() / 1000 + 86_400 };
     sign(&claims, secret.as_bytes())
 }
 
@@ -46,7 +47,11 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).pool_max_idle_per_host(64).build().expect("http client");
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(64)
+            .build()
+            .expect("http client");
         HttpClient { http, base: base.into(), token: token.into() }
     }
 
@@ -75,7 +80,12 @@ impl HttpClient {
     }
 
     /// Creates a conversation; returns the status (201 or 200) and the conversation.
-    pub async fn create_conversation(&self, id: Option<&str>, kind: &str, members: &[&str]) -> Result<(u16, Value), ClientError> {
+    pub async fn create_conversation(
+        &self,
+        id: Option<&str>,
+        kind: &str,
+        members: &[&str],
+    ) -> Result<(u16, Value), ClientError> {
         let mut body = json!({"kind": kind, "members": members});
         if let Some(id) = id {
             body["id"] = json!(id);
@@ -103,7 +113,13 @@ impl HttpClient {
 
     /// Sends, retrying with the same `cmid` while the server says `unavailable`
     /// (PROTOCOL.md section 4.1).
-    pub async fn send_until_committed(&self, cmid: &str, conv: &str, body: &Value, attempts: u32) -> Result<SendResult, ClientError> {
+    pub async fn send_until_committed(
+        &self,
+        cmid: &str,
+        conv: &str,
+        body: &Value,
+        attempts: u32,
+    ) -> Result<SendResult, ClientError> {
         let mut last = None;
         for attempt in 0..attempts {
             match self.send(cmid, conv, body).await {

@@ -135,7 +135,13 @@ impl Config {
             node_id: format!("{kind}-{:08x}", rand::random::<u32>()),
             log: "info".into(),
             ingress: IngressConfig { shards: 8 },
-            gateway: GatewayConfig { send_timeout_ms: 5_000, max_body_bytes: 32 * 1024, require_noeviction: true, db_pool_size: 16, max_group_size: 1_000 },
+            gateway: GatewayConfig {
+                send_timeout_ms: 5_000,
+                max_body_bytes: 32 * 1024,
+                require_noeviction: true,
+                db_pool_size: 16,
+                max_group_size: 1_000,
+            },
             worker: WorkerConfig {
                 batch_max: 512,
                 batch_block_ms: 1_000,
@@ -193,7 +199,7 @@ impl Config {
             "outbox.claim_batch" => self.outbox.claim_batch = num(v)?,
             "outbox.sent_retention_s" => self.outbox.sent_retention_s = num(v)?,
             "outbox.purge_batch" => self.outbox.purge_batch = num(v)?,
-            _ => return Err("unknown key".into()),
+            _ => return Err(UNKNOWN_KEY.into()),
         }
         Ok(())
     }
@@ -237,7 +243,9 @@ impl Config {
         if self.worker.pending_cap == 0 {
             bad("worker.pending_cap", "must be positive");
         }
-        for (key, size) in [("gateway.db_pool_size", self.gateway.db_pool_size), ("worker.db_pool_size", self.worker.db_pool_size)] {
+        for (key, size) in
+            [("gateway.db_pool_size", self.gateway.db_pool_size), ("worker.db_pool_size", self.worker.db_pool_size)]
+        {
             if size == 0 {
                 bad(key, "must be positive");
             }
@@ -259,6 +267,8 @@ impl Config {
         }
     }
 }
+
+const UNKNOWN_KEY: &str = "unknown key";
 
 fn addr(v: &str) -> Result<SocketAddr, String> {
     v.parse().map_err(|_| format!("expected host:port, got {v:?}"))
@@ -330,6 +340,10 @@ impl Env for BTreeMap<String, String> {
 pub struct Cli {
     /// Positional words (subcommands), in order.
     pub args: Vec<String>,
+    /// `HERALD_*` variables that name no key. Not fatal: orchestrators set such
+    /// variables themselves (Kubernetes: `HERALD_SERVICE_HOST` for a Service named
+    /// herald). Logged as warnings once tracing is up.
+    pub ignored_env: Vec<String>,
 }
 
 /// Loads the configuration from every layer. `argv` excludes the program name.
@@ -346,7 +360,8 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
             Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
             _ => (arg.clone(), None),
         };
-        let mut value = |name: &str| inline.clone().or_else(|| it.next().cloned()).ok_or_else(|| format!("{name} needs a value"));
+        let mut value =
+            |name: &str| inline.clone().or_else(|| it.next().cloned()).ok_or_else(|| format!("{name} needs a value"));
         match name.as_str() {
             "--config" => match value("--config") {
                 Ok(v) => file = Some(v.into()),
@@ -360,14 +375,18 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
                 Ok(v) => flag_sets.push((name.trim_start_matches("--").replace('-', "_"), v)),
                 Err(e) => errors.push(ConfigError { key: name.clone(), message: e }),
             },
-            flag if flag.starts_with('-') => errors.push(ConfigError { key: flag.into(), message: "unknown flag".into() }),
+            flag if flag.starts_with('-') => {
+                errors.push(ConfigError { key: flag.into(), message: "unknown flag".into() })
+            }
             word => cli.args.push(word.into()),
         }
     }
 
     let mut env_sets = Vec::new();
     for (k, v) in env.vars() {
-        let Some(rest) = k.strip_prefix("HERALD_") else { continue };
+        let Some(rest) = k.strip_prefix("HERALD_") else {
+            continue;
+        };
         if rest == "CONFIG" {
             file = file.or(Some(v.into()));
             continue;
@@ -387,14 +406,19 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
                         }
                     }
                 }
-                Err(e) => errors.push(ConfigError { key: path.display().to_string(), message: format!("not valid TOML: {e}") }),
+                Err(e) => errors
+                    .push(ConfigError { key: path.display().to_string(), message: format!("not valid TOML: {e}") }),
             },
-            Err(e) => errors.push(ConfigError { key: path.display().to_string(), message: format!("cannot read: {e}") }),
+            Err(e) => {
+                errors.push(ConfigError { key: path.display().to_string(), message: format!("cannot read: {e}") })
+            }
         }
     }
     for (var, key, v) in env_sets {
-        if let Err(e) = cfg.set(&key, &v) {
-            errors.push(ConfigError { key: format!("{key} ({var})"), message: e });
+        match cfg.set(&key, &v) {
+            Ok(()) => {}
+            Err(e) if e == UNKNOWN_KEY => cli.ignored_env.push(var),
+            Err(e) => errors.push(ConfigError { key: format!("{key} ({var})"), message: e }),
         }
     }
     for (k, v) in flag_sets {
@@ -446,9 +470,21 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("herald-cfg-{}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("h.toml");
-        std::fs::write(&file, "node_id = \"from-file\"\n[outbox]\nmax_attempts = 7\nbackoff_ms = [1, 2]\n[worker]\nbatch_max = 9\n").unwrap();
-        let e = env(&[("HERALD_JWT_SECRET", "0123456789abcdef"), ("HERALD_OUTBOX__MAX_ATTEMPTS", "3"), ("HERALD_NODE_ID", "from-env"), ("PATH", "/x")]);
-        let argv: Vec<String> = ["--config", file.to_str().unwrap(), "--node-id", "from-flag", "migrate"].iter().map(|s| s.to_string()).collect();
+        std::fs::write(
+            &file,
+            "node_id = \"from-file\"\n[outbox]\nmax_attempts = 7\nbackoff_ms = [1, 2]\n[worker]\nbatch_max = 9\n",
+        )
+        .unwrap();
+        let e = env(&[
+            ("HERALD_JWT_SECRET", "0123456789abcdef"),
+            ("HERALD_OUTBOX__MAX_ATTEMPTS", "3"),
+            ("HERALD_NODE_ID", "from-env"),
+            ("PATH", "/x"),
+        ]);
+        let argv: Vec<String> = ["--config", file.to_str().unwrap(), "--node-id", "from-flag", "migrate"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let (cfg, cli) = load(Role::Worker, &argv, &e).unwrap();
         assert_eq!(cfg.node_id, "from-flag");
         assert_eq!(cfg.outbox.max_attempts, 3);
@@ -460,12 +496,20 @@ mod tests {
 
     #[test]
     fn every_bad_key_is_reported_at_once() {
-        let e = env(&[("HERALD_LISTEN", "nope"), ("HERALD_OUTBOX__MAX_ATTEMPTS", "-1"), ("HERALD_BOGUS", "1")]);
-        let err = load(Role::Gateway, &["--wat".to_string()], &e).unwrap_err();
+        let e = env(&[("HERALD_LISTEN", "nope"), ("HERALD_OUTBOX__MAX_ATTEMPTS", "-1")]);
+        let argv: Vec<String> = ["--wat", "--set", "worker.bogus=1"].iter().map(|s| s.to_string()).collect();
+        let err = load(Role::Gateway, &argv, &e).unwrap_err();
         let text = err.to_string();
-        for key in ["listen (HERALD_LISTEN)", "outbox.max_attempts", "bogus (HERALD_BOGUS)", "--wat", "jwt_secret"] {
+        for key in ["listen (HERALD_LISTEN)", "outbox.max_attempts", "worker.bogus (flag)", "--wat", "jwt_secret"] {
             assert!(text.contains(key), "{key} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn unknown_environment_variables_are_reported_not_fatal() {
+        let e = env(&[("HERALD_JWT_SECRET", "0123456789abcdef"), ("HERALD_SERVICE_HOST", "10.0.0.1")]);
+        let (_, cli) = load(Role::Gateway, &[], &e).unwrap();
+        assert_eq!(cli.ignored_env, vec!["HERALD_SERVICE_HOST".to_string()]);
     }
 
     #[test]

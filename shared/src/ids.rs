@@ -83,10 +83,7 @@ impl<'de> serde::Deserialize<'de> for MsgId {
 }
 
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Generates ids for one worker id. Never goes backwards within a process, even when

@@ -142,7 +142,10 @@ mod tests {
 
     #[test]
     fn notices_round_trip() {
-        let n = SendNotice { rid: 4, outcome: SendOutcome::Err { code: ErrorCode::Forbidden, message: "not a member".into() } };
+        let n = SendNotice {
+            rid: 4,
+            outcome: SendOutcome::Err { code: ErrorCode::Forbidden, message: "not a member".into() },
+        };
         let s = serde_json::to_string(&n).unwrap();
         assert_eq!(serde_json::from_str::<SendNotice>(&s).unwrap(), n);
     }

@@ -37,7 +37,8 @@ pub fn builder(url: &str, command_timeout: Duration) -> Result<Builder, Error> {
         c.connection_timeout = Duration::from_secs(2);
         c.internal_command_timeout = Duration::from_secs(2);
         c.max_command_attempts = 2;
-        c.unresponsive = UnresponsiveConfig { max_timeout: Some(Duration::from_secs(5)), interval: Duration::from_secs(1) };
+        c.unresponsive =
+            UnresponsiveConfig { max_timeout: Some(Duration::from_secs(5)), interval: Duration::from_secs(1) };
     })
     .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2));
     Ok(b)
@@ -52,9 +53,10 @@ pub async fn pool(url: &str, size: usize) -> Result<Pool, Error> {
 
 /// Checks `maxmemory-policy`: pending sets must never be evicted.
 pub async fn eviction_policy(client: &Client) -> Result<String, Error> {
-    let v: Vec<String> = client.config_get("maxmemory-policy").await.map(|m: std::collections::HashMap<String, String>| {
-        m.into_values().collect()
-    })?;
+    let v: Vec<String> = client
+        .config_get("maxmemory-policy")
+        .await
+        .map(|m: std::collections::HashMap<String, String>| m.into_values().collect())?;
     Ok(v.into_iter().next().unwrap_or_default())
 }
 

@@ -41,7 +41,11 @@ fn target_dir() -> PathBuf {
 
 pub fn bin(name: &str) -> PathBuf {
     let p = target_dir().join(name);
-    assert!(p.exists(), "{} is missing: run `cargo build --bins` before the tests (the README's test command does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --bins` before the tests (the README's test command does)",
+        p.display()
+    );
     p
 }
 
@@ -108,7 +112,18 @@ impl RedisServer {
     /// Starts it (again) on the same port, empty: no persistence.
     pub async fn restart(&mut self) {
         let child = std::process::Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--maxmemory-policy",
+                "noeviction",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -269,7 +284,8 @@ impl Cluster {
     }
 
     pub async fn redis(&self) -> Client {
-        let c = Builder::from_config(Config::from_url(&self.redis_url).expect("redis url")).build().expect("redis client");
+        let c =
+            Builder::from_config(Config::from_url(&self.redis_url).expect("redis url")).build().expect("redis client");
         c.init().await.expect("redis connects");
         c
     }
@@ -289,11 +305,18 @@ impl Drop for Cluster {
             let _ = p.child.start_kill();
         }
         if std::env::var("IT_KEEP_DB").is_err() {
-            let _ = std::process::Command::new("mariadb")
-                .args(["-h", "127.0.0.1", "-u", "root", "-e", &format!("DROP DATABASE IF EXISTS `{}`", self.db_name)])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            // Drop runs inside the test's runtime: use a thread with its own.
+            let (url, name) = (mysql_base(), self.db_name.clone());
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    use sqlx::Connection;
+                    if let Ok(mut conn) = sqlx::MySqlConnection::connect(&format!("{url}/information_schema")).await {
+                        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
+                    }
+                });
+            })
+            .join();
         }
     }
 }
@@ -328,6 +351,7 @@ impl AdminClient {
 
 /// The ids in a device's pending set.
 pub async fn pending_ids(redis: &Client, keys: &Keys, user: &str, device: &str) -> std::collections::BTreeSet<u64> {
-    let members: Vec<String> = redis.zrange(keys.pending(TENANT, user, device), 0, -1, None, false, None, false).await.expect("zrange");
+    let members: Vec<String> =
+        redis.zrange(keys.pending(TENANT, user, device), 0, -1, None, false, None, false).await.expect("zrange");
     members.iter().map(|m| m.parse::<u64>().expect("fixed-width id member")).collect()
 }

@@ -14,7 +14,10 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{Connection, Row};
 
 async fn outbox_row(db: &MySqlPool, message: u64) -> Option<(u64, String, u32, i64, i64)> {
-    let rows = sqlx::query("SELECT id, status, retry_count, next_retry_at, updated_at, payload FROM outbox_events").fetch_all(db).await.ok()?;
+    let rows = sqlx::query("SELECT id, status, retry_count, next_retry_at, updated_at, payload FROM outbox_events")
+        .fetch_all(db)
+        .await
+        .ok()?;
     rows.iter()
         .find(|r| String::from_utf8(r.get::<Vec<u8>, _>(5)).unwrap().contains(&message.to_string()))
         .map(|r| (r.get(0), String::from_utf8(r.get::<Vec<u8>, _>(1)).unwrap(), r.get(2), r.get(3), r.get(4)))
@@ -34,7 +37,11 @@ async fn send_across_redis_death(c: &Cluster, redis: &mut RedisServer, cmid: &st
     let db = c.db().await;
     let mut lock = sqlx::MySqlConnection::connect(&c.mysql_url).await.unwrap();
     let mut tx = lock.begin().await.unwrap();
-    sqlx::query("SELECT last_seq FROM conversations WHERE tenant_id = ? AND id = 'ab' FOR UPDATE").bind(TENANT).fetch_one(&mut *tx).await.unwrap();
+    sqlx::query("SELECT last_seq FROM conversations WHERE tenant_id = ? AND id = 'ab' FOR UPDATE")
+        .bind(TENANT)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
     let alice = c.client(0, "alice", "a1");
     let cmid_owned = cmid.to_string();
     let send = tokio::spawn(async move { alice.send(&cmid_owned, "ab", &json!({"text": "through the outage"})).await });
@@ -63,7 +70,12 @@ async fn send_across_redis_death(c: &Cluster, redis: &mut RedisServer, cmid: &st
     // The answer never comes (Redis is gone): the client is told to retry.
     let answer = send.await.unwrap();
     assert!(answer.is_err(), "no answer can be published without Redis: {answer:?}");
-    let id: u64 = sqlx::query_scalar("SELECT id FROM messages WHERE tenant_id = ? AND client_msg_id = ?").bind(TENANT).bind(cmid).fetch_one(&db).await.unwrap();
+    let id: u64 = sqlx::query_scalar("SELECT id FROM messages WHERE tenant_id = ? AND client_msg_id = ?")
+        .bind(TENANT)
+        .bind(cmid)
+        .fetch_one(&db)
+        .await
+        .unwrap();
     id
 }
 
@@ -103,7 +115,8 @@ async fn redis_outage_during_fanout_retries_with_backoff_goes_dead_and_admin_ret
     .await;
     let r = c.redis().await;
     assert!(pending_ids(&r, &c.keys(), "bob", "b1").await.contains(&first), "bob's device has the message pending");
-    let frame: Option<String> = fred::prelude::KeysInterface::get(&r, c.keys().message(herald_shared::ids::MsgId(first))).await.unwrap();
+    let frame: Option<String> =
+        fred::prelude::KeysInterface::get(&r, c.keys().message(herald_shared::ids::MsgId(first))).await.unwrap();
     assert!(frame.unwrap().contains("through the outage"));
     assert!(!pending_ids(&r, &c.keys(), "alice", "a1").await.contains(&first), "never on the sender's device");
 
@@ -140,7 +153,10 @@ async fn redis_outage_during_fanout_retries_with_backoff_goes_dead_and_admin_ret
     })
     .await;
     let r = c.redis().await;
-    assert!(pending_ids(&r, &c.keys(), "bob", "b1").await.contains(&second), "the retried message reached bob's device");
+    assert!(
+        pending_ids(&r, &c.keys(), "bob", "b1").await.contains(&second),
+        "the retried message reached bob's device"
+    );
     // Only DEAD events can be discarded; a SENT one is refused.
     let (code, body) = admin.post(&format!("/admin/outbox/{event}/discard"), Some(ADMIN_TOKEN)).await;
     assert_eq!((code, body["error"]["code"].as_str()), (409, Some("conflict")));

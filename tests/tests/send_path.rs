@@ -34,7 +34,8 @@ async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
     for k in 0..CONVS {
         let m = members_of(k);
         let refs: Vec<&str> = m.iter().map(String::as_str).collect();
-        let (status, _) = c.client(0, &m[0], "d0").create_conversation(Some(&format!("g{k}")), "group", &refs).await.unwrap();
+        let (status, _) =
+            c.client(0, &m[0], "d0").create_conversation(Some(&format!("g{k}")), "group", &refs).await.unwrap();
         assert_eq!(status, 201);
     }
     // 50 devices: two per user; each registers, then sends 200 times (20% repeats).
@@ -48,7 +49,11 @@ async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
         c.client(0, u, d).register_device().await.unwrap();
     }
     let convs_of: Arc<HashMap<String, Vec<String>>> = Arc::new(
-        (0..USERS).map(|u| (user(u), (0..CONVS).filter(|k| members_of(*k).contains(&user(u))).map(|k| format!("g{k}")).collect())).collect(),
+        (0..USERS)
+            .map(|u| {
+                (user(u), (0..CONVS).filter(|k| members_of(*k).contains(&user(u))).map(|k| format!("g{k}")).collect())
+            })
+            .collect(),
     );
     let mut tasks = Vec::new();
     for (i, (u, d)) in senders.iter().enumerate() {
@@ -101,11 +106,16 @@ async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
     let db = c.db().await;
     let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
     assert_eq!(total as usize, first.len(), "the database holds exactly the unique messages");
-    for row in sqlx::query("SELECT conv_id, COUNT(*), MIN(seq), MAX(seq) FROM messages GROUP BY conv_id").fetch_all(&db).await.unwrap() {
+    for row in sqlx::query("SELECT conv_id, COUNT(*), MIN(seq), MAX(seq) FROM messages GROUP BY conv_id")
+        .fetch_all(&db)
+        .await
+        .unwrap()
+    {
         let (count, min, max): (i64, u64, u64) = (row.get(1), row.get(2), row.get(3));
         assert_eq!((min, max), (1, count as u64), "seq of a conversation is 1..N without gaps");
     }
-    let (convs_last,): (i64,) = sqlx::query_as("SELECT CAST(SUM(last_seq) AS SIGNED) FROM conversations").fetch_one(&db).await.unwrap();
+    let (convs_last,): (i64,) =
+        sqlx::query_as("SELECT CAST(SUM(last_seq) AS SIGNED) FROM conversations").fetch_one(&db).await.unwrap();
     assert_eq!(convs_last, total, "conversations.last_seq matches the messages");
 
     // Every committed message is pending on every member device but the sender's.
@@ -114,7 +124,8 @@ async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
     for r in &rows {
         let id: u64 = r.get(0);
         let conv = String::from_utf8(r.get::<Vec<u8>, _>(1)).unwrap();
-        let (sender, sdev) = (String::from_utf8(r.get::<Vec<u8>, _>(2)).unwrap(), String::from_utf8(r.get::<Vec<u8>, _>(3)).unwrap());
+        let (sender, sdev) =
+            (String::from_utf8(r.get::<Vec<u8>, _>(2)).unwrap(), String::from_utf8(r.get::<Vec<u8>, _>(3)).unwrap());
         let k: usize = conv[1..].parse().unwrap();
         for m in members_of(k) {
             for d in ["d0", "d1"] {
@@ -152,20 +163,37 @@ async fn bad_input_gets_protocol_errors_and_stores_nothing() {
     assert_eq!(alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap().0, 200);
     let conflict = alice.create_conversation(Some("ab"), "group", &["alice", "bob", "dan"]).await.unwrap_err();
     assert_eq!(conflict.code(), Some(ErrorCode::Conflict));
-    for (kind, members) in [("direct", vec!["alice", "bob", "dan"]), ("group", vec!["bob", "dan"]), ("chat", vec!["alice"])] {
+    for (kind, members) in
+        [("direct", vec!["alice", "bob", "dan"]), ("group", vec!["bob", "dan"]), ("chat", vec!["alice"])]
+    {
         let e = alice.create_conversation(None, kind, &members).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{kind} {members:?}");
     }
 
     let body = json!({"text": "hi"});
     // Tokens: wrong secret, expired, garbage.
-    let forged = herald_shared::client::token("another-secret-0123456789", TENANT, "alice", "a1", herald_shared::auth::Platform::Ios);
+    let forged = herald_shared::client::token(
+        "another-secret-0123456789",
+        TENANT,
+        "alice",
+        "a1",
+        herald_shared::auth::Platform::Ios,
+    );
     let expired = herald_shared::auth::sign(
-        &herald_shared::auth::Claims { tid: TENANT.into(), sub: "alice".into(), dev: "a1".into(), plat: herald_shared::auth::Platform::Ios, exp: 1_000 },
+        &herald_shared::auth::Claims {
+            tid: TENANT.into(),
+            sub: "alice".into(),
+            dev: "a1".into(),
+            plat: herald_shared::auth::Platform::Ios,
+            exp: 1_000,
+        },
         herald_tests::SECRET.as_bytes(),
     );
     for bad in [forged, expired, "not-a-jwt".to_string()] {
-        let e = herald_shared::client::HttpClient::new(c.gateways[0].base_url(), bad).send("x1", "ab", &body).await.unwrap_err();
+        let e = herald_shared::client::HttpClient::new(c.gateways[0].base_url(), bad)
+            .send("x1", "ab", &body)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
     }
     // Another tenant's conversation is not found, whatever ids it sends.
@@ -194,7 +222,8 @@ async fn bad_input_gets_protocol_errors_and_stores_nothing() {
     assert_eq!(n, 0, "no bad request stored a message");
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM conversations").fetch_one(&db).await.unwrap();
     assert_eq!(n, 1);
-    let members: Vec<Vec<u8>> = sqlx::query_scalar("SELECT user_id FROM members ORDER BY user_id").fetch_all(&db).await.unwrap();
+    let members: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT user_id FROM members ORDER BY user_id").fetch_all(&db).await.unwrap();
     assert_eq!(members, vec![b"alice".to_vec(), b"bob".to_vec()]);
     // And a good send still works afterwards.
     let ok = alice.send("x7", "ab", &body).await.unwrap();
@@ -238,14 +267,23 @@ async fn back_to_back_sends_of_one_device_get_increasing_seq() {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 65536];
     while seqs.len() < 100 {
-        let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut chunk)).await.expect("answers arrive").unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut chunk))
+            .await
+            .expect("answers arrive")
+            .unwrap();
         assert!(n > 0, "connection closed after {} answers", seqs.len());
         buf.extend_from_slice(&chunk[..n]);
         // Each answer: headers, blank line, a JSON body of content-length bytes.
         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
             assert!(head.starts_with("http/1.1 200"), "{head}");
-            let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length: ")).expect("content-length").trim().parse().unwrap();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .expect("content-length")
+                .trim()
+                .parse()
+                .unwrap();
             if buf.len() < end + 4 + len {
                 break;
             }
@@ -291,7 +329,10 @@ async fn worker_sigkill_mid_stream_loses_and_doubles_nothing() {
                 for n in 0..150 {
                     let conv = format!("g{}", (n + i) % 10);
                     let cmid = format!("{tag}-{n}");
-                    let r = client.send_until_committed(&cmid, &conv, &json!({"n": n}), 100).await.expect("committed eventually");
+                    let r = client
+                        .send_until_committed(&cmid, &conv, &json!({"n": n}), 100)
+                        .await
+                        .expect("committed eventually");
                     acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     out.push((cmid, r));
                 }
@@ -313,13 +354,24 @@ async fn worker_sigkill_mid_stream_loses_and_doubles_nothing() {
 
     let db = c.db().await;
     for (cmid, r) in &answers {
-        let rows = sqlx::query("SELECT id, seq FROM messages WHERE tenant_id = ? AND client_msg_id = ?").bind(TENANT).bind(cmid).fetch_all(&db).await.unwrap();
+        let rows = sqlx::query("SELECT id, seq FROM messages WHERE tenant_id = ? AND client_msg_id = ?")
+            .bind(TENANT)
+            .bind(cmid)
+            .fetch_all(&db)
+            .await
+            .unwrap();
         assert_eq!(rows.len(), 1, "acknowledged {cmid} exists exactly once");
-        assert_eq!((rows[0].get::<u64, _>(0), rows[0].get::<u64, _>(1)), (r.id.0, r.seq), "{cmid} stored as acknowledged");
+        assert_eq!(
+            (rows[0].get::<u64, _>(0), rows[0].get::<u64, _>(1)),
+            (r.id.0, r.seq),
+            "{cmid} stored as acknowledged"
+        );
     }
     let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
     assert_eq!(total, 1500);
-    for row in sqlx::query("SELECT conv_id, COUNT(*), MAX(seq) FROM messages GROUP BY conv_id").fetch_all(&db).await.unwrap() {
+    for row in
+        sqlx::query("SELECT conv_id, COUNT(*), MAX(seq) FROM messages GROUP BY conv_id").fetch_all(&db).await.unwrap()
+    {
         assert_eq!(row.get::<i64, _>(1) as u64, row.get::<u64, _>(2), "no seq gap");
     }
     // Every committed message reaches every other device, including batches whose
@@ -329,13 +381,20 @@ async fn worker_sigkill_mid_stream_loses_and_doubles_nothing() {
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), String::from_utf8(r.get::<Vec<u8>, _>(1)).unwrap(), String::from_utf8(r.get::<Vec<u8>, _>(2)).unwrap()))
+        .map(|r| {
+            (
+                r.get(0),
+                String::from_utf8(r.get::<Vec<u8>, _>(1)).unwrap(),
+                String::from_utf8(r.get::<Vec<u8>, _>(2)).unwrap(),
+            )
+        })
         .collect();
     let redis = c.redis().await;
     let keys = c.keys();
     for u in members {
         for d in ["d0", "d1"] {
-            let want: BTreeSet<u64> = ids.iter().filter(|(_, su, sd)| !(su == u && sd == d)).map(|(id, _, _)| *id).collect();
+            let want: BTreeSet<u64> =
+                ids.iter().filter(|(_, su, sd)| !(su == u && sd == d)).map(|(id, _, _)| *id).collect();
             eventually(Duration::from_secs(30), "every committed message is pending on every other device", || {
                 let (redis, keys, want) = (redis.clone(), keys.clone(), want.clone());
                 async move { (pending_ids(&redis, &keys, u, d).await == want).then_some(()) }
@@ -343,4 +402,28 @@ async fn worker_sigkill_mid_stream_loses_and_doubles_nothing() {
             .await;
         }
     }
+}
+
+/// Twenty copies of one send at once (most land in one batch): one message, one
+/// `dup: false`, every answer the same id and seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_repeats_of_one_cmid_make_one_message() {
+    let mut c = Cluster::new("samecmid");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let alice = alice.clone();
+        tasks.push(tokio::spawn(async move { alice.send("same", "ab", &json!({"text": "once"})).await.unwrap() }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert_eq!(answers.iter().filter(|r| !r.dup).count(), 1, "exactly one first commit: {answers:?}");
+    assert!(answers.iter().all(|r| (r.id, r.seq) == (answers[0].id, 1)), "{answers:?}");
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&c.db().await).await.unwrap();
+    assert_eq!(n, 1);
 }

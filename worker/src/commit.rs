@@ -8,10 +8,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
+use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::protocol::{IngressEntry, SendResult};
-use herald_shared::db::TextColumns;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
@@ -98,7 +98,9 @@ impl CommitPipeline {
         // 1. Repeats of already committed messages.
         let mut existing: HashMap<(String, String, String), SendResult> = HashMap::new();
         if !entries.is_empty() {
-            let mut q = QueryBuilder::<MySql>::new("SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at FROM messages WHERE ");
+            let mut q = QueryBuilder::<MySql>::new(
+                "SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at FROM messages WHERE ",
+            );
             let mut sep = q.separated(" OR ");
             for e in entries {
                 sep.push("(tenant_id = ")
@@ -151,7 +153,9 @@ impl CommitPipeline {
                     },
                 );
             }
-            let mut q = QueryBuilder::<MySql>::new("SELECT tenant_id, conv_id, user_id FROM members WHERE left_seq IS NULL AND (");
+            let mut q = QueryBuilder::<MySql>::new(
+                "SELECT tenant_id, conv_id, user_id FROM members WHERE left_seq IS NULL AND (",
+            );
             push_pairs(&mut q, "conv_id", &wanted);
             q.push(")");
             for row in q.build().fetch_all(&mut *tx).await? {
@@ -166,6 +170,8 @@ impl CommitPipeline {
         let mut result = BatchResult::default();
         let mut planned: Vec<(usize, (String, String), u64, MsgId)> = Vec::new();
         let mut seen_in_batch: HashMap<(String, String, String), usize> = HashMap::new();
+        // (entry, earlier entry of the batch with the same cmid): answered like it.
+        let mut repeats: Vec<(usize, usize)> = Vec::new();
         let mut floors = Vec::new();
         for (i, e) in entries.iter().enumerate() {
             let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
@@ -174,8 +180,9 @@ impl CommitPipeline {
                 continue;
             }
             if let Some(&first) = seen_in_batch.get(&dedup_key) {
-                // Resolved after ids are assigned, to the first occurrence's answer.
-                result.outcomes.push(Outcome::Rejected(ErrorCode::Internal, format!("#dup-of:{first}")));
+                // A placeholder until the first occurrence has its id (below).
+                repeats.push((i, first));
+                result.outcomes.push(Outcome::Rejected(ErrorCode::Internal, String::new()));
                 continue;
             }
             let key = (e.tenant.clone(), e.conv.clone());
@@ -184,7 +191,9 @@ impl CommitPipeline {
                 continue;
             };
             if !conv.members.contains(&e.user) {
-                result.outcomes.push(Outcome::Rejected(ErrorCode::Forbidden, "not a member of this conversation".into()));
+                result
+                    .outcomes
+                    .push(Outcome::Rejected(ErrorCode::Forbidden, "not a member of this conversation".into()));
                 continue;
             }
             conv.last_seq += 1;
@@ -193,7 +202,13 @@ impl CommitPipeline {
             floors.push(conv.last_id);
             planned.push((i, key, conv.last_seq, MsgId(0)));
             seen_in_batch.insert(dedup_key, i);
-            result.outcomes.push(Outcome::Done(SendResult { id: MsgId(0), conv: e.conv.clone(), seq: conv.last_seq, ts: now, dup: false }));
+            result.outcomes.push(Outcome::Done(SendResult {
+                id: MsgId(0),
+                conv: e.conv.clone(),
+                seq: conv.last_seq,
+                ts: now,
+                dup: false,
+            }));
         }
         let new_ids = ids.next_ids(&floors)?;
         for (p, id) in planned.iter_mut().zip(new_ids) {
@@ -205,16 +220,9 @@ impl CommitPipeline {
                 r.id = id;
             }
         }
-        for i in 0..result.outcomes.len() {
-            if let Outcome::Rejected(_, m) = &result.outcomes[i] {
-                if let Some(first) = m.strip_prefix("#dup-of:").and_then(|f| f.parse::<usize>().ok()) {
-                    let mut r = match &result.outcomes[first] {
-                        Outcome::Done(r) => r.clone(),
-                        other => unreachable!("first occurrence was planned: {other:?}"),
-                    };
-                    r.dup = true;
-                    result.outcomes[i] = Outcome::Done(r);
-                }
+        for (i, first) in repeats {
+            if let Outcome::Done(r) = &result.outcomes[first] {
+                result.outcomes[i] = Outcome::Done(SendResult { dup: true, ..r.clone() });
             }
         }
 
@@ -225,15 +233,31 @@ impl CommitPipeline {
             );
             q.push_values(&planned, |mut b, (i, _, seq, id)| {
                 let e = &entries[*i];
-                b.push_bind(id.0).push_bind(&e.tenant).push_bind(&e.conv).push_bind(*seq).push_bind(&e.user).push_bind(&e.device).push_bind(&e.cmid).push_bind(&e.body).push_bind(now as i64);
+                b.push_bind(id.0)
+                    .push_bind(&e.tenant)
+                    .push_bind(&e.conv)
+                    .push_bind(*seq)
+                    .push_bind(&e.user)
+                    .push_bind(&e.device)
+                    .push_bind(&e.cmid)
+                    .push_bind(&e.body)
+                    .push_bind(now as i64);
             });
             q.build().execute(&mut *tx).await?;
 
             // 5. The conversations' new positions, in one statement (the rows exist and are locked).
             let changed: Vec<(&(String, String), &ConvState)> = convs.iter().filter(|(_, c)| c.changed).collect();
-            let mut q = QueryBuilder::<MySql>::new("INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) ");
+            let mut q = QueryBuilder::<MySql>::new(
+                "INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) ",
+            );
             q.push_values(&changed, |mut b, ((t, id), c)| {
-                b.push_bind(t).push_bind(id).push_bind(&c.kind).push_bind(c.created_at).push_bind(c.last_seq).push_bind(c.last_id.0).push_bind(c.last_active_at);
+                b.push_bind(t)
+                    .push_bind(id)
+                    .push_bind(&c.kind)
+                    .push_bind(c.created_at)
+                    .push_bind(c.last_seq)
+                    .push_bind(c.last_id.0)
+                    .push_bind(c.last_active_at);
             });
             q.push(" ON DUPLICATE KEY UPDATE last_seq = VALUES(last_seq), last_msg_id = VALUES(last_msg_id), last_active_at = VALUES(last_active_at)");
             q.build().execute(&mut *tx).await?;

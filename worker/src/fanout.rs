@@ -8,15 +8,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use fred::prelude::*;
 use fred::interfaces::LuaInterface;
+use fred::prelude::*;
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
+use herald_shared::db::TextColumns;
 use herald_shared::ids::MsgId;
 use herald_shared::keys::{Keys, FANOUT_LUA};
 use herald_shared::protocol::{msg_frame, Delivery, Message, NodeEnvelope};
 use serde_json::value::RawValue;
-use herald_shared::db::TextColumns;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
@@ -45,9 +45,37 @@ pub struct Fanout {
 /// Pending-set additions for one user: device -> messages.
 type UserPlan = BTreeMap<String, Vec<MsgId>>;
 
+/// (tenant, user, device)
+type DeviceAddr = (String, String, String);
+
+/// One device of one member of a conversation.
+#[derive(Debug)]
+struct Recipient {
+    tenant: String,
+    conv: String,
+    user: String,
+    joined_seq: u64,
+    left_seq: Option<u64>,
+    device: String,
+}
+
+impl Recipient {
+    /// A member receives what was sent after it joined and, once removed, nothing after.
+    fn receives(&self, seq: u64) -> bool {
+        self.joined_seq < seq && self.left_seq.is_none_or(|l| seq <= l)
+    }
+}
+
 impl Fanout {
     pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64) -> Self {
-        Fanout { db, redis, keys, script: Script::from_lua(FANOUT_LUA), message_ttl_s: message_ttl_s as i64, pending_cap }
+        Fanout {
+            db,
+            redis,
+            keys,
+            script: Script::from_lua(FANOUT_LUA),
+            message_ttl_s: message_ttl_s as i64,
+            pending_cap,
+        }
     }
 
     /// Reads committed messages back from MySQL (for the outbox dispatcher).
@@ -81,8 +109,8 @@ impl Fanout {
             .collect()
     }
 
-    /// Every (conv, user, joined_seq, left_seq, device) for the conversations of `msgs`.
-    async fn recipients(&self, msgs: &[Committed]) -> Result<Vec<(String, String, String, u64, Option<u64>, String)>, sqlx::Error> {
+    /// Every member device of the conversations of `msgs`, with the member's range.
+    async fn recipients(&self, msgs: &[Committed]) -> Result<Vec<Recipient>, sqlx::Error> {
         let mut pairs: Vec<(&str, &str)> = msgs.iter().map(|m| (m.tenant.as_str(), m.conv.as_str())).collect();
         pairs.sort();
         pairs.dedup();
@@ -100,7 +128,16 @@ impl Fanout {
         }
         let rows = q.build().fetch_all(&self.db).await?;
         rows.iter()
-            .map(|r| Ok((r.text(0)?, r.text(1)?, r.text(2)?, r.try_get(3)?, r.try_get(4)?, r.text(5)?)))
+            .map(|r| {
+                Ok(Recipient {
+                    tenant: r.text(0)?,
+                    conv: r.text(1)?,
+                    user: r.text(2)?,
+                    joined_seq: r.try_get(3)?,
+                    left_seq: r.try_get(4)?,
+                    device: r.text(5)?,
+                })
+            })
             .collect()
     }
 
@@ -109,22 +146,34 @@ impl Fanout {
             return Ok(());
         }
         let recipients = self.recipients(msgs).await?;
-        let mut by_conv: HashMap<(&str, &str), Vec<(&str, u64, Option<u64>, &str)>> = HashMap::new();
-        for (t, c, u, joined, left, d) in &recipients {
-            by_conv.entry((t.as_str(), c.as_str())).or_default().push((u.as_str(), *joined, *left, d.as_str()));
+        let mut by_conv: HashMap<(&str, &str), Vec<&Recipient>> = HashMap::new();
+        for r in &recipients {
+            by_conv.entry((r.tenant.as_str(), r.conv.as_str())).or_default().push(r);
         }
 
         let mut frames: HashMap<MsgId, String> = HashMap::with_capacity(msgs.len());
         let mut plans: BTreeMap<(String, String), UserPlan> = BTreeMap::new();
         for m in msgs {
             let body = RawValue::from_string(m.body.clone()).map_err(|_| FanoutError::Corrupt(m.id))?;
-            let frame = msg_frame(&Message { id: m.id, conv: m.conv.clone(), seq: m.seq, from: m.sender.clone(), cmid: m.cmid.clone(), ts: m.ts, body });
+            let frame = msg_frame(&Message {
+                id: m.id,
+                conv: m.conv.clone(),
+                seq: m.seq,
+                from: m.sender.clone(),
+                cmid: m.cmid.clone(),
+                ts: m.ts,
+                body,
+            });
             frames.insert(m.id, frame);
-            for (user, joined, left, device) in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
-                let eligible = *joined < m.seq && left.is_none_or(|l| m.seq <= l);
-                let is_sender_device = *user == m.sender && *device == m.sender_device;
-                if eligible && !is_sender_device {
-                    plans.entry((m.tenant.clone(), user.to_string())).or_default().entry(device.to_string()).or_default().push(m.id);
+            for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
+                let is_sender_device = r.user == m.sender && r.device == m.sender_device;
+                if r.receives(m.seq) && !is_sender_device {
+                    plans
+                        .entry((m.tenant.clone(), r.user.clone()))
+                        .or_default()
+                        .entry(r.device.clone())
+                        .or_default()
+                        .push(m.id);
                 }
             }
         }
@@ -143,12 +192,18 @@ impl Fanout {
         };
 
         // Online devices, grouped by the node that holds them.
-        let mut by_node: BTreeMap<String, HashMap<MsgId, Vec<(String, String, String)>>> = BTreeMap::new();
+        let mut by_node: BTreeMap<String, HashMap<MsgId, Vec<DeviceAddr>>> = BTreeMap::new();
         for (((tenant, user), plan), online) in plans.iter().zip(results) {
             for (device, node) in online {
-                let Some(ids) = plan.get(&device) else { continue };
+                let Some(ids) = plan.get(&device) else {
+                    continue;
+                };
                 for id in ids {
-                    by_node.entry(node.clone()).or_default().entry(*id).or_default().push((tenant.clone(), user.clone(), device.clone()));
+                    by_node.entry(node.clone()).or_default().entry(*id).or_default().push((
+                        tenant.clone(),
+                        user.clone(),
+                        device.clone(),
+                    ));
                 }
             }
         }
@@ -180,7 +235,15 @@ impl Fanout {
     ) -> Result<Vec<Vec<(String, String)>>, fred::error::Error> {
         let pipe = client.pipeline();
         for m in msgs {
-            let _: () = pipe.set(self.keys.message(m.id), frames[&m.id].as_str(), Some(Expiration::EX(self.message_ttl_s)), None, false).await?;
+            let _: () = pipe
+                .set(
+                    self.keys.message(m.id),
+                    frames[&m.id].as_str(),
+                    Some(Expiration::EX(self.message_ttl_s)),
+                    None,
+                    false,
+                )
+                .await?;
         }
         for ((tenant, user), plan) in plans {
             let mut keys = vec![self.keys.presence(tenant, user), self.keys.overflow(tenant, user)];

@@ -85,7 +85,8 @@ impl ShardBalancer {
 
         let now = now_ms() as f64;
         let _: i64 = s.redis.zadd(s.keys.workers(), None, None, false, false, (now, s.cfg.node_id.as_str())).await?;
-        let _: i64 = s.redis.zremrangebyscore(s.keys.workers(), f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;
+        let _: i64 =
+            s.redis.zremrangebyscore(s.keys.workers(), f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;
         let live: u64 = s.redis.zcard(s.keys.workers()).await?;
         let shards = s.cfg.ingress.shards;
         let target = shards.div_ceil(live.max(1) as u32);
@@ -118,7 +119,8 @@ impl ShardBalancer {
                 if let Some(lease) = Lease::acquire(&s.redis, s.keys.lease(&format!("shard:{shard}")), ttl).await? {
                     tracing::info!(shard, "ingress shard acquired");
                     let cancel = CancellationToken::new();
-                    let consumer = IngressShard { shard, key: s.keys.ingress(shard), shared: s.clone(), lease: lease.clone() };
+                    let consumer =
+                        IngressShard { shard, key: s.keys.ingress(shard), shared: s.clone(), lease: lease.clone() };
                     let task = tokio::spawn(consumer.run(cancel.clone()));
                     self.owned.insert(shard, OwnedShard { lease, cancel, task });
                 }
@@ -139,13 +141,16 @@ pub struct IngressShard {
 impl IngressShard {
     async fn run(self, cancel: CancellationToken) {
         let block = self.shared.cfg.worker.batch_block_ms;
-        let client = match herald_shared::redis::builder(&self.shared.cfg.redis_url, Duration::from_millis(block + 3_000)).and_then(|b| b.build()) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build the ingress client");
-                return;
-            }
-        };
+        let client =
+            match herald_shared::redis::builder(&self.shared.cfg.redis_url, Duration::from_millis(block + 3_000))
+                .and_then(|b| b.build())
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot build the ingress client");
+                    return;
+                }
+            };
         let _ = client.init().await;
         while !cancel.is_cancelled() && self.lease.is_valid() {
             match self.consume(&client, &cancel).await {

@@ -13,8 +13,10 @@ use fred::interfaces::LuaInterface;
 use fred::prelude::*;
 use herald_shared::ids::{MsgId, Snowflake, MAX_WORKER_ID};
 
-const RENEW_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
-const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+const RENEW_LUA: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+const RELEASE_LUA: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
 /// One lease held (or lost) by this process.
 #[derive(Debug)]
@@ -32,7 +34,8 @@ impl Lease {
     pub async fn acquire(redis: &Pool, key: String, ttl: Duration) -> Result<Option<Arc<Lease>>, Error> {
         let token = format!("{:016x}", rand::random::<u64>());
         let started = Instant::now();
-        let ok: Option<String> = redis.set(&key, &token, Some(Expiration::PX(ttl.as_millis() as i64)), Some(SetOptions::NX), false).await?;
+        let ok: Option<String> =
+            redis.set(&key, &token, Some(Expiration::PX(ttl.as_millis() as i64)), Some(SetOptions::NX), false).await?;
         if ok.is_none() {
             return Ok(None);
         }
@@ -56,7 +59,9 @@ impl Lease {
     /// Extends the lease; `Ok(false)` when it was lost (expired and maybe taken).
     pub async fn renew(&self, redis: &Pool) -> Result<bool, Error> {
         let sent = Instant::now();
-        let renewed: i64 = redis.eval(RENEW_LUA, vec![self.key.clone()], vec![self.token.clone(), self.ttl.as_millis().to_string()]).await?;
+        let renewed: i64 = redis
+            .eval(RENEW_LUA, vec![self.key.clone()], vec![self.token.clone(), self.ttl.as_millis().to_string()])
+            .await?;
         if renewed == 1 {
             self.mark_renewed(sent);
             Ok(true)

@@ -78,7 +78,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let db = herald_shared::db::pool(&cfg.mysql_url, cfg.worker.db_pool_size)?;
     let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
     let keys = Keys::new(cfg.redis_key_prefix.clone());
-    let fanout = Arc::new(Fanout::new(db.clone(), redis.clone(), keys.clone(), cfg.worker.message_ttl_s, cfg.worker.pending_cap));
+    let fanout = Arc::new(Fanout::new(
+        db.clone(),
+        redis.clone(),
+        keys.clone(),
+        cfg.worker.message_ttl_s,
+        cfg.worker.pending_cap,
+    ));
     let outbox = Arc::new(Outbox::new(db.clone(), cfg.outbox.clone()));
     let shared = Arc::new(Shared {
         commit: CommitPipeline::new(db.clone(), cfg.outbox.first_retry_delay_ms),
@@ -93,14 +99,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     });
 
     let admin_addr = shared.cfg.admin_listen;
-    let listener = tokio::net::TcpListener::bind(admin_addr).await.map_err(|source| WorkerError::Bind { addr: admin_addr, source })?;
+    let listener = tokio::net::TcpListener::bind(admin_addr)
+        .await
+        .map_err(|source| WorkerError::Bind { addr: admin_addr, source })?;
     tracing::info!(node = %shared.cfg.node_id, admin = %listener.local_addr().map_err(|source| WorkerError::Bind { addr: admin_addr, source })?, "worker started");
 
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
     let ready = Readiness::default();
     tasks.spawn(ShardBalancer::new(shared.clone()).run(cancel.child_token()));
-    tasks.spawn(OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) }.run(cancel.child_token()));
+    tasks.spawn(
+        OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) }
+            .run(cancel.child_token()),
+    );
     tasks.spawn(health_loop(shared.clone(), ready.clone(), cancel.child_token()));
     let app = admin::router(shared.clone(), metrics, ready.clone());
     let admin_cancel = cancel.child_token();

@@ -15,6 +15,9 @@ async fn main() -> ExitCode {
         }
     };
     herald_shared::telemetry::init_tracing(&cfg.log);
+    for var in &cli.ignored_env {
+        tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
+    }
     let result = match cli.args.first().map(String::as_str) {
         None | Some("run") => herald_worker::run(cfg, shutdown_signal()).await,
         Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),

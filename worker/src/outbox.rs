@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald_shared::config::OutboxConfig;
+use herald_shared::db::TextColumns;
 use herald_shared::ids::{now_ms, MsgId};
 use serde::{Deserialize, Serialize};
-use herald_shared::db::TextColumns;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 use tokio::sync::Notify;
@@ -72,11 +72,8 @@ impl Outbox {
     pub async fn mark_failed(&self, id: u64, previous_failures: u32, error: &str) -> Result<(), sqlx::Error> {
         let failures = previous_failures + 1;
         let now = now_ms();
-        let (status, next) = if failures > self.cfg.max_attempts {
-            ("DEAD", now)
-        } else {
-            ("FAILED", now + self.backoff_ms(failures))
-        };
+        let (status, next) =
+            if failures > self.cfg.max_attempts { ("DEAD", now) } else { ("FAILED", now + self.backoff_ms(failures)) };
         let error: String = error.chars().take(500).collect();
         sqlx::query("UPDATE outbox_events SET status = ?, retry_count = ?, next_retry_at = ?, claimed_at = NULL, last_error = ?, updated_at = ? WHERE id = ?")
             .bind(status)
@@ -181,7 +178,10 @@ impl Outbox {
 
     /// An operator's discard of a DEAD event.
     pub async fn discard(&self, id: u64) -> Result<bool, sqlx::Error> {
-        let r = sqlx::query("DELETE FROM outbox_events WHERE id = ? AND status = 'DEAD'").bind(id).execute(&self.db).await?;
+        let r = sqlx::query("DELETE FROM outbox_events WHERE id = ? AND status = 'DEAD'")
+            .bind(id)
+            .execute(&self.db)
+            .await?;
         if r.rows_affected() == 1 {
             tracing::warn!(event = id, "DEAD outbox event discarded by an operator");
         }
@@ -190,7 +190,8 @@ impl Outbox {
 
     /// Rows by status, for the metrics gauge.
     pub async fn counts(&self) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        let rows = sqlx::query("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetch_all(&self.db).await?;
+        let rows =
+            sqlx::query("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetch_all(&self.db).await?;
         rows.iter().map(|r| Ok((r.text(0)?, r.try_get(1)?))).collect()
     }
 }
@@ -233,7 +234,7 @@ impl OutboxDispatcher {
                 tracing::warn!(error = %e, "outbox dispatcher round failed");
             }
             rounds += 1;
-            if rounds % 10 == 0 {
+            if rounds.is_multiple_of(10) {
                 match self.outbox.purge().await {
                     Ok(n) if n > 0 => tracing::debug!(purged = n, "old SENT outbox rows purged"),
                     Ok(_) => {}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tests and the end-to-end tests that start real
+# gateway and worker processes against local MariaDB and Redis.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/services.sh
+ensure_mariadb
+ensure_redis
+export IT_MYSQL_URL=${IT_MYSQL_URL:-$HD_MYSQL_ROOT_URL}
+export IT_REDIS_URL=${IT_REDIS_URL:-redis://127.0.0.1:6379/0}
+log "building"
+cargo build --workspace --bins
+log "testing"
+# Integration tests start several processes each; two at a time suit a 2-core machine.
+cargo test --workspace -- --test-threads "${TEST_THREADS:-2}"
