@@ -281,15 +281,21 @@ impl IngressShard {
 
         // Fan-out, immediately; the outbox row covers any failure.
         if let Some(outbox_id) = result.outbox_id {
-            let marked = match s.fanout.deliver(&result.committed).await {
-                Ok(()) => s.outbox.mark_sent(outbox_id).await,
+            match s.fanout.deliver(&result.committed).await {
+                Ok(()) => {
+                    if s.sent_marks.try_send(outbox_id).is_err() {
+                        tracing::debug!(
+                            outbox = outbox_id,
+                            "SENT marker queue full; the dispatcher will redo the event"
+                        );
+                    }
+                }
                 Err(e) => {
                     metrics::counter!("herald_fanout_errors_total").increment(1);
-                    s.outbox.mark_failed(outbox_id, 0, &e.to_string()).await
+                    if let Err(db) = s.outbox.mark_failed(outbox_id, 0, &e.to_string()).await {
+                        tracing::warn!(outbox = outbox_id, error = %db, "could not record the failed fan-out; the dispatcher will redo it");
+                    }
                 }
-            };
-            if let Err(e) = marked {
-                tracing::warn!(outbox = outbox_id, error = %e, "could not record the fan-out outcome; the dispatcher will redo it");
             }
         }
         // Committed entries leave the stream: it holds only work not yet done.

@@ -32,7 +32,7 @@ use crate::commit::CommitPipeline;
 use crate::fanout::Fanout;
 use crate::ingress::ShardBalancer;
 use crate::lease::IdSource;
-use crate::outbox::{Outbox, OutboxDispatcher};
+use crate::outbox::{Outbox, OutboxDispatcher, SentMarker};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -57,6 +57,8 @@ pub struct Shared {
     pub commit: CommitPipeline,
     pub fanout: Arc<Fanout>,
     pub outbox: Arc<Outbox>,
+    /// Outbox events dispatched right after commit, to be marked SENT in batches.
+    pub sent_marks: tokio::sync::mpsc::Sender<u64>,
     /// The last lease round succeeded (Redis reachable, ids leased).
     pub balancer_ok: AtomicBool,
 }
@@ -86,6 +88,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         cfg.worker.pending_cap,
     ));
     let outbox = Arc::new(Outbox::new(db.clone(), cfg.outbox.clone()));
+    // Sized for a few seconds of batches; when full, events stay PENDING for the dispatcher.
+    let (sent_marks, sent_rx) = tokio::sync::mpsc::channel(10_000);
     let shared = Arc::new(Shared {
         commit: CommitPipeline::new(db.clone(), cfg.outbox.first_retry_delay_ms),
         cfg,
@@ -95,6 +99,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         ids: IdSource::new(),
         fanout: fanout.clone(),
         outbox: outbox.clone(),
+        sent_marks,
         balancer_ok: AtomicBool::new(false),
     });
 
@@ -112,6 +117,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) }
             .run(cancel.child_token()),
     );
+    tasks.spawn(SentMarker { outbox: shared.outbox.clone(), rx: sent_rx }.run(cancel.child_token()));
     tasks.spawn(health_loop(shared.clone(), ready.clone(), cancel.child_token()));
     let app = admin::router(shared.clone(), metrics, ready.clone());
     let admin_cancel = cancel.child_token();
