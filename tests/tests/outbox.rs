@@ -163,3 +163,78 @@ async fn redis_outage_during_fanout_retries_with_backoff_goes_dead_and_admin_ret
     let (code, _) = admin.post("/admin/outbox/999999/retry", Some(ADMIN_TOKEN)).await;
     assert_eq!(code, 409);
 }
+
+/// A dispatcher that died after claiming an event leaves it SENDING; once the claim is
+/// older than `sending_stale_ms` another dispatcher takes it and fans it out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_sending_events_are_reclaimed() {
+    let mut c = Cluster::new("reclaim");
+    c.set("HERALD_OUTBOX__FIXED_DELAY_MS", "100").set("HERALD_OUTBOX__SENDING_STALE_MS", "1500");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "b1").register_device().await.unwrap();
+    let sent = alice.send("m1", "ab", &json!({"text": "again"})).await.unwrap();
+    let db = c.db().await;
+    let (event, ..) = eventually(Duration::from_secs(10), "the event is SENT", || {
+        let db = db.clone();
+        async move { outbox_row(&db, sent.id.0).await.filter(|r| r.1 == "SENT") }
+    })
+    .await;
+
+    // Simulate a dispatcher that claimed the event just now and died; Redis lost the set.
+    let redis = c.redis().await;
+    let keys = c.keys();
+    let _: i64 = fred::prelude::KeysInterface::del(&redis, keys.pending(TENANT, "bob", "b1")).await.unwrap();
+    let claimed = herald_shared::ids::now_ms() as i64;
+    sqlx::query("UPDATE outbox_events SET status = 'SENDING', claimed_at = ? WHERE id = ?")
+        .bind(claimed)
+        .bind(event)
+        .execute(&db)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(outbox_row(&db, sent.id.0).await.unwrap().1, "SENDING", "a fresh claim is left alone");
+    eventually(Duration::from_secs(10), "the stale claim is redone", || {
+        let (db, redis, keys) = (db.clone(), redis.clone(), keys.clone());
+        async move {
+            let row = outbox_row(&db, sent.id.0).await?;
+            let pending = pending_ids(&redis, &keys, "bob", "b1").await;
+            (row.1 == "SENT" && pending.contains(&sent.id.0)).then_some(())
+        }
+    })
+    .await;
+    let redone: i64 = sqlx::query_scalar("SELECT updated_at FROM outbox_events WHERE id = ?")
+        .bind(event)
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert!(redone - claimed >= 1_500, "reclaimed only after sending_stale_ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_outbox_rows_are_purged_after_retention() {
+    let mut c = Cluster::new("purge");
+    c.set("HERALD_OUTBOX__FIXED_DELAY_MS", "100").set("HERALD_OUTBOX__SENT_RETENTION_S", "1");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    for n in 0..5 {
+        alice.send(&format!("m{n}"), "ab", &json!({})).await.unwrap();
+    }
+    let db = c.db().await;
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox_events").fetch_one(&db).await.unwrap();
+    assert!(rows >= 1, "the batches left outbox rows");
+    eventually(Duration::from_secs(15), "SENT rows older than the retention are purged", || {
+        let db = db.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox_events").fetch_one(&db).await.ok()?;
+            (n == 0).then_some(())
+        }
+    })
+    .await;
+    let messages: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
+    assert_eq!(messages, 5, "purging the outbox touches no message");
+}
