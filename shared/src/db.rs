@@ -19,11 +19,22 @@ fn options(url: &str) -> Result<MySqlConnectOptions, sqlx::Error> {
 
 /// A pool that connects lazily, so a process can start (and report not-ready) while
 /// the database is down.
+///
+/// Sessions run READ COMMITTED: a transaction that locks a conversation row and then
+/// reads its members must see the membership committed before it got the lock, not a
+/// snapshot from its first read (REPEATABLE READ would let a member removed in between
+/// still send). It also takes no gap locks, so concurrent batches do not block each other.
 pub fn pool(url: &str, size: u32) -> Result<MySqlPool, sqlx::Error> {
     Ok(MySqlPoolOptions::new()
         .max_connections(size)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(5))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(&mut *conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
+                Ok(())
+            })
+        })
         .connect_lazy_with(options(url)?))
 }
 

@@ -15,6 +15,7 @@ use herald_shared::protocol::{IngressEntry, SendResult};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
+use crate::fanout::Recipient;
 use crate::lease::{IdSource, NoIdLease};
 
 /// A message committed by this batch, with what fan-out needs.
@@ -46,6 +47,8 @@ pub struct BatchResult {
     pub committed: Vec<Committed>,
     /// The outbox row covering `committed`.
     pub outbox_id: Option<u64>,
+    /// Every device of every current member of the conversations in `committed`.
+    pub recipients: Vec<Recipient>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +85,8 @@ struct ConvState {
     last_id: MsgId,
     last_active_at: i64,
     members: HashSet<String>,
+    /// (user, joined_seq, device) of every registered device of a current member.
+    devices: Vec<(String, u64, String)>,
     changed: bool,
 }
 
@@ -137,7 +142,7 @@ impl CommitPipeline {
             let mut q = QueryBuilder::<MySql>::new(
                 "SELECT tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at FROM conversations WHERE ",
             );
-            push_pairs(&mut q, "id", &wanted);
+            push_pairs(&mut q, "tenant_id", "id", &wanted);
             q.push(" ORDER BY tenant_id, id FOR UPDATE");
             for row in q.build().fetch_all(&mut *tx).await? {
                 convs.insert(
@@ -149,19 +154,28 @@ impl CommitPipeline {
                         last_id: MsgId(row.try_get::<Option<u64>, _>(5)?.unwrap_or(0)),
                         last_active_at: row.try_get(6)?,
                         members: HashSet::new(),
+                        devices: Vec::new(),
                         changed: false,
                     },
                 );
             }
+            // Current members (READ COMMITTED: as of now, under the conversation locks)
+            // and their devices: the membership check and the fan-out's recipients.
             let mut q = QueryBuilder::<MySql>::new(
-                "SELECT tenant_id, conv_id, user_id FROM members WHERE left_seq IS NULL AND (",
+                "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id FROM members m \
+                 LEFT JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
+                 WHERE m.left_seq IS NULL AND (",
             );
-            push_pairs(&mut q, "conv_id", &wanted);
+            push_pairs(&mut q, "m.tenant_id", "m.conv_id", &wanted);
             q.push(")");
             for row in q.build().fetch_all(&mut *tx).await? {
                 let key: (String, String) = (row.text(0)?, row.text(1)?);
                 if let Some(c) = convs.get_mut(&key) {
-                    c.members.insert(row.text(2)?);
+                    let user = row.text(2)?;
+                    if let Some(device) = row.opt_text(4)? {
+                        c.devices.push((user.clone(), row.try_get(3)?, device));
+                    }
+                    c.members.insert(user);
                 }
             }
         }
@@ -296,6 +310,18 @@ impl CommitPipeline {
                 }
             })
             .collect();
+        for ((tenant, conv), c) in convs {
+            if c.changed {
+                result.recipients.extend(c.devices.into_iter().map(|(user, joined_seq, device)| Recipient {
+                    tenant: tenant.clone(),
+                    conv: conv.clone(),
+                    user,
+                    joined_seq,
+                    left_seq: None,
+                    device,
+                }));
+            }
+        }
         metrics::histogram!("herald_worker_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("herald_worker_batch_size").record(entries.len() as f64);
         metrics::counter!("herald_messages_committed_total").increment(result.committed.len() as u64);
@@ -303,11 +329,11 @@ impl CommitPipeline {
     }
 }
 
-/// `(tenant_id = ? AND <col> = ?) OR ...`
-fn push_pairs(q: &mut QueryBuilder<'_, MySql>, col: &str, pairs: &[(&str, &str)]) {
+/// `(<tenant_col> = ? AND <col> = ?) OR ...`
+pub(crate) fn push_pairs(q: &mut QueryBuilder<'_, MySql>, tenant_col: &str, col: &str, pairs: &[(&str, &str)]) {
     let mut sep = q.separated(" OR ");
     for (t, id) in pairs {
-        sep.push("(tenant_id = ")
+        sep.push(format!("({tenant_col} = "))
             .push_bind_unseparated(t.to_string())
             .push_unseparated(format!(" AND {col} = "))
             .push_bind_unseparated(id.to_string())

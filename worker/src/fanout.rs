@@ -49,14 +49,14 @@ type UserPlan = BTreeMap<String, Vec<MsgId>>;
 type DeviceAddr = (String, String, String);
 
 /// One device of one member of a conversation.
-#[derive(Debug)]
-struct Recipient {
-    tenant: String,
-    conv: String,
-    user: String,
-    joined_seq: u64,
-    left_seq: Option<u64>,
-    device: String,
+#[derive(Clone, Debug)]
+pub struct Recipient {
+    pub tenant: String,
+    pub conv: String,
+    pub user: String,
+    pub joined_seq: u64,
+    pub left_seq: Option<u64>,
+    pub device: String,
 }
 
 impl Recipient {
@@ -118,14 +118,7 @@ impl Fanout {
             "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, d.device_id FROM members m \
              JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id WHERE ",
         );
-        let mut sep = q.separated(" OR ");
-        for (t, c) in &pairs {
-            sep.push("(m.tenant_id = ")
-                .push_bind_unseparated(t.to_string())
-                .push_unseparated(" AND m.conv_id = ")
-                .push_bind_unseparated(c.to_string())
-                .push_unseparated(")");
-        }
+        crate::commit::push_pairs(&mut q, "m.tenant_id", "m.conv_id", &pairs);
         let rows = q.build().fetch_all(&self.db).await?;
         rows.iter()
             .map(|r| {
@@ -141,13 +134,22 @@ impl Fanout {
             .collect()
     }
 
+    /// Fans out messages read back from MySQL, looking up their recipients.
     pub async fn deliver(&self, msgs: &[Committed]) -> Result<(), FanoutError> {
         if msgs.is_empty() {
             return Ok(());
         }
         let recipients = self.recipients(msgs).await?;
+        self.deliver_to(msgs, &recipients).await
+    }
+
+    /// Fans out to the given member devices (the commit read them under its locks).
+    pub async fn deliver_to(&self, msgs: &[Committed], recipients: &[Recipient]) -> Result<(), FanoutError> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
         let mut by_conv: HashMap<(&str, &str), Vec<&Recipient>> = HashMap::new();
-        for r in &recipients {
+        for r in recipients {
             by_conv.entry((r.tenant.as_str(), r.conv.as_str())).or_default().push(r);
         }
 

@@ -281,7 +281,7 @@ impl IngressShard {
 
         // Fan-out, immediately; the outbox row covers any failure.
         if let Some(outbox_id) = result.outbox_id {
-            match s.fanout.deliver(&result.committed).await {
+            match s.fanout.deliver_to(&result.committed, &result.recipients).await {
                 Ok(()) => {
                     if s.sent_marks.try_send(outbox_id).is_err() {
                         tracing::debug!(
