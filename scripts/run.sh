@@ -48,7 +48,7 @@ Herald is running.
   gateways     http://127.0.0.1:8080  http://127.0.0.1:8081   (ops: :9090 :9092)
   worker ops   http://127.0.0.1:9091   (admin token in $admin_file)
   logs         $logs
-  a token      $bin/herald-loadtest token --tenant acme --user alice --device phone
+  a token      TOKEN=\$($bin/herald-loadtest token --secret "\$(cat $secret_file)" --tenant acme --user alice --device phone)
   try          curl -H "Authorization: Bearer \$TOKEN" -d '{"kind":"group","members":["alice","bob"]}' http://127.0.0.1:8080/v1/conversations
 
 Ctrl-C stops it.
