@@ -4,14 +4,20 @@
 //! - [`auth`]: tokens on every request; device registration.
 //! - [`conversations`]: create, members, list.
 //! - [`messages`]: the durable send.
-//! - [`notices`]: the node channel (answers from workers).
+//! - [`notices`]: the node channel (answers, deliveries, kicks).
+//! - [`history`]: reads from MySQL (history, device sync, frames of backlog).
+//! - [`ws`], [`session`], [`sessions`]: WebSocket sessions and their registry.
 //! - [`error`]: the API error type.
 
 pub mod auth;
 pub mod conversations;
 pub mod error;
+pub mod history;
 pub mod messages;
 pub mod notices;
+pub mod session;
+pub mod sessions;
+pub mod ws;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -20,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use fred::prelude::*;
 use herald_shared::config::Config;
@@ -32,6 +38,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::Caller;
 use crate::notices::SendWaiters;
+use crate::sessions::SessionRegistry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -54,6 +61,11 @@ pub struct GatewayState {
     pub waiters: Arc<SendWaiters>,
     /// Devices already registered in MySQL by this process.
     pub known_devices: Mutex<HashSet<(String, String, String)>>,
+    pub sessions: Arc<SessionRegistry>,
+    /// Every WebSocket session is tracked here: axum does not track upgraded sockets.
+    pub tracker: TaskTracker,
+    /// Cancelled when the gateway drains: sessions send `reconnect` and close.
+    pub shutdown: CancellationToken,
 }
 
 #[derive(Clone, Debug)]
@@ -75,6 +87,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations", post(conversations::create).get(conversations::list))
         .route("/v1/conversations/{id}/members", post(conversations::change_members))
         .route("/v1/messages", post(messages::send))
+        .route("/v1/conversations/{id}/messages", get(history::messages))
+        .route("/v1/sync", get(history::sync))
+        .route("/v1/ws", get(ws::upgrade))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -104,6 +119,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .map_err(|source| GatewayError::Bind { addr: admin_listen, source })?;
     tracing::info!(node = %cfg.node_id, listen = %listen, admin = %admin_listen, "gateway started");
 
+    let cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let sessions = Arc::new(SessionRegistry::default());
+    let drain_ms = cfg.gateway.drain_ms;
     let state = AppState(Arc::new(GatewayState {
         cfg,
         db,
@@ -111,11 +130,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         keys,
         waiters: waiters.clone(),
         known_devices: Mutex::new(HashSet::new()),
+        sessions: sessions.clone(),
+        tracker: tasks.clone(),
+        shutdown: CancellationToken::new(),
     }));
-    let cancel = CancellationToken::new();
-    let tasks = TaskTracker::new();
     let ready = Readiness::default();
-    tasks.spawn(notices::listen(subscriber, waiters, cancel.child_token()));
+    let listener_cancel = CancellationToken::new();
+    tasks.spawn(notices::listen(subscriber, waiters, sessions, cancel.child_token()));
     tasks.spawn(health_loop(state.clone(), ready.clone(), cancel.child_token()));
     let admin_app = herald_shared::ops::router(metrics, ready.clone());
     let c = cancel.child_token();
@@ -124,8 +145,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             tracing::error!(error = %e, "admin listener failed");
         }
     });
-    let c = cancel.child_token();
-    let app = router(state);
+    let c = listener_cancel.clone();
+    let app = router(state.clone());
     tasks.spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { c.cancelled().await }).await {
             tracing::error!(error = %e, "public listener failed");
@@ -134,11 +155,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tasks.close();
 
     shutdown.await;
-    tracing::info!("gateway shutting down");
+    // Drain: fail readiness, stop accepting, tell every session when to come back,
+    // wait for them (bounded), then stop the rest.
+    tracing::info!(sessions = state.sessions.len(), "gateway draining");
     ready.set(false);
+    listener_cancel.cancel();
+    state.shutdown.cancel();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(drain_ms + 5_000);
+    while !state.sessions.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     cancel.cancel();
-    if tokio::time::timeout(Duration::from_secs(20), tasks.wait()).await.is_err() {
-        tracing::warn!("tasks did not stop within 20 s");
+    if tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await.is_err() {
+        tracing::warn!("tasks did not stop within 10 s");
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use serde_json::value::RawValue;
 
 use crate::auth::Caller;
 use crate::error::{parse_json, ApiError, ApiResult};
+use crate::notices::Waiter;
 use crate::AppState;
 
 #[derive(Deserialize)]
@@ -54,7 +55,20 @@ pub async fn submit(
     conv: String,
     body: String,
 ) -> ApiResult<SendResult> {
-    let mut waiter = state.waiters.register();
+    let waiter = enqueue(state, c, cmid, conv, body).await?;
+    wait_committed(state, waiter).await
+}
+
+/// Appends the send to its ingress stream. Sends of one session are enqueued in the
+/// order they arrived, which is the order their `seq` follows.
+pub async fn enqueue(
+    state: &AppState,
+    c: &herald_shared::auth::Claims,
+    cmid: String,
+    conv: String,
+    body: String,
+) -> ApiResult<Waiter> {
+    let waiter = state.waiters.register();
     let shard = shard_of(&c.tid, &conv, state.cfg.ingress.shards);
     let entry = IngressEntry {
         tenant: c.tid.clone(),
@@ -69,6 +83,11 @@ pub async fn submit(
     // No MAXLEN: an entry leaves the stream only when a worker has committed it (XDEL
     // after XACK), so a long worker outage cannot trim away accepted sends.
     let _: String = state.redis.xadd(state.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+    Ok(waiter)
+}
+
+/// Waits for the worker's answer, which comes only after COMMIT.
+pub async fn wait_committed(state: &AppState, mut waiter: Waiter) -> ApiResult<SendResult> {
     let timeout = Duration::from_millis(state.cfg.gateway.send_timeout_ms);
     match tokio::time::timeout(timeout, &mut waiter.rx).await {
         Ok(Ok(SendOutcome::Ok(r))) => Ok(r),

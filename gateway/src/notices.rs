@@ -11,6 +11,8 @@ use herald_shared::protocol::{NodeEnvelope, SendOutcome};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::sessions::{Push, SessionRegistry};
+
 /// Send requests waiting for their worker's answer, by request id.
 #[derive(Debug, Default)]
 pub struct SendWaiters {
@@ -20,24 +22,24 @@ pub struct SendWaiters {
 
 /// Removes the waiter when the request ends, answered or not (timeouts, client gone).
 #[derive(Debug)]
-pub struct Waiter<'a> {
+pub struct Waiter {
     pub rid: u64,
     pub rx: oneshot::Receiver<SendOutcome>,
-    owner: &'a SendWaiters,
+    owner: std::sync::Arc<SendWaiters>,
 }
 
-impl Drop for Waiter<'_> {
+impl Drop for Waiter {
     fn drop(&mut self) {
         self.owner.waiting.lock().expect("waiters").remove(&self.rid);
     }
 }
 
 impl SendWaiters {
-    pub fn register(&self) -> Waiter<'_> {
+    pub fn register(self: &std::sync::Arc<Self>) -> Waiter {
         let rid = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().expect("waiters").insert(rid, tx);
-        Waiter { rid, rx, owner: self }
+        Waiter { rid, rx, owner: self.clone() }
     }
 
     fn resolve(&self, rid: u64, outcome: SendOutcome) {
@@ -59,7 +61,12 @@ pub async fn subscribe(redis_url: &str, channel: String) -> Result<SubscriberCli
     Ok(client)
 }
 
-pub async fn listen(client: SubscriberClient, waiters: std::sync::Arc<SendWaiters>, cancel: CancellationToken) {
+pub async fn listen(
+    client: SubscriberClient,
+    waiters: std::sync::Arc<SendWaiters>,
+    sessions: std::sync::Arc<SessionRegistry>,
+    cancel: CancellationToken,
+) {
     let mut rx = client.message_rx();
     loop {
         let msg = tokio::select! {
@@ -89,7 +96,16 @@ pub async fn listen(client: SubscriberClient, waiters: std::sync::Arc<SendWaiter
         for n in env.sent {
             waiters.resolve(n.rid, n.outcome);
         }
-        metrics::counter!("herald_deliveries_received_total").increment(env.deliver.len() as u64);
+        for d in env.deliver {
+            // One allocation per message per node, shared by its sessions here.
+            let frame: std::sync::Arc<str> = std::sync::Arc::from(d.frame.get());
+            for key in d.to {
+                sessions.push(&key, Push { id: d.id, frame: frame.clone() });
+            }
+        }
+        for k in env.kick {
+            sessions.kick(&(k.tenant, k.user, k.device), &k.session);
+        }
     }
     let _ = client.quit().await;
 }

@@ -149,3 +149,80 @@ impl HttpClient {
         Ok((status, v))
     }
 }
+
+/// What a WebSocket client sees next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WsEvent {
+    /// A JSON text frame.
+    Frame(Value),
+    /// The server closed, with its close code.
+    Closed(Option<u16>),
+}
+
+/// A device's WebSocket session (`GET /v1/ws`).
+pub struct WsClient {
+    ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+}
+
+impl std::fmt::Debug for WsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WsClient")
+    }
+}
+
+impl WsClient {
+    /// Connects with the token in the query string (as browsers must).
+    pub async fn connect(base: &str, token: &str) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
+        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
+        let (ws, _) = tokio_tungstenite::connect_async(url).await?;
+        Ok(WsClient { ws })
+    }
+
+    pub async fn send(&mut self, frame: &Value) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        use futures::SinkExt;
+        self.ws.send(tokio_tungstenite::tungstenite::Message::text(frame.to_string())).await
+    }
+
+    /// Sends raw text (for tests of malformed frames).
+    pub async fn send_text(&mut self, text: &str) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        use futures::SinkExt;
+        self.ws.send(tokio_tungstenite::tungstenite::Message::text(text.to_owned())).await
+    }
+
+    /// The next frame or close, within `timeout`; `None` on timeout.
+    pub async fn next(&mut self, timeout: Duration) -> Option<WsEvent> {
+        use futures::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let msg = tokio::time::timeout_at(deadline, self.ws.next()).await.ok()?;
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    return Some(WsEvent::Frame(
+                        serde_json::from_str(t.as_str()).unwrap_or(Value::String(t.to_string())),
+                    ))
+                }
+                Some(Ok(Message::Close(c))) => return Some(WsEvent::Closed(c.map(|c| u16::from(c.code)))),
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return Some(WsEvent::Closed(None)),
+            }
+        }
+    }
+
+    /// The next frame of type `t`, skipping others; `None` on timeout or close.
+    pub async fn next_of(&mut self, t: &str, timeout: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await? {
+                WsEvent::Frame(f) if f["t"] == t => return Some(f),
+                WsEvent::Frame(_) => continue,
+                WsEvent::Closed(_) => return None,
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+}

@@ -71,6 +71,24 @@ pub struct GatewayConfig {
     pub db_pool_size: u32,
     /// Most members of one conversation.
     pub max_group_size: usize,
+    /// Server ping interval; must stay below `nat_idle_timeout_ms`.
+    pub heartbeat_ms: u64,
+    /// The shortest NAT/load-balancer idle timeout clients sit behind.
+    pub nat_idle_timeout_ms: u64,
+    /// Unacked pushes per device before the gateway stops pushing.
+    pub inflight_window: usize,
+    /// An unacked push older than this triggers a ping; without a pong within
+    /// `ack_probe_ms` the connection is closed as half-open (4000).
+    pub ack_timeout_ms: u64,
+    pub ack_probe_ms: u64,
+    /// Backlog page sizes by platform class.
+    pub backlog_page_desktop: usize,
+    pub backlog_page_mobile: usize,
+    /// Realtime deliveries queued per session before it falls back to re-reading its
+    /// pending set.
+    pub realtime_queue: usize,
+    /// How long a draining gateway spreads `reconnect` hints and waits for sessions.
+    pub drain_ms: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -141,6 +159,15 @@ impl Config {
                 require_noeviction: true,
                 db_pool_size: 16,
                 max_group_size: 1_000,
+                heartbeat_ms: 25_000,
+                nat_idle_timeout_ms: 30_000,
+                inflight_window: 256,
+                ack_timeout_ms: 10_000,
+                ack_probe_ms: 5_000,
+                backlog_page_desktop: 200,
+                backlog_page_mobile: 50,
+                realtime_queue: 1_024,
+                drain_ms: 10_000,
             },
             worker: WorkerConfig {
                 batch_max: 512,
@@ -182,6 +209,15 @@ impl Config {
             "gateway.require_noeviction" => self.gateway.require_noeviction = boolean(v)?,
             "gateway.db_pool_size" => self.gateway.db_pool_size = num(v)?,
             "gateway.max_group_size" => self.gateway.max_group_size = num(v)?,
+            "gateway.heartbeat_ms" => self.gateway.heartbeat_ms = num(v)?,
+            "gateway.nat_idle_timeout_ms" => self.gateway.nat_idle_timeout_ms = num(v)?,
+            "gateway.inflight_window" => self.gateway.inflight_window = num(v)?,
+            "gateway.ack_timeout_ms" => self.gateway.ack_timeout_ms = num(v)?,
+            "gateway.ack_probe_ms" => self.gateway.ack_probe_ms = num(v)?,
+            "gateway.backlog_page_desktop" => self.gateway.backlog_page_desktop = num(v)?,
+            "gateway.backlog_page_mobile" => self.gateway.backlog_page_mobile = num(v)?,
+            "gateway.realtime_queue" => self.gateway.realtime_queue = num(v)?,
+            "gateway.drain_ms" => self.gateway.drain_ms = num(v)?,
             "worker.batch_max" => self.worker.batch_max = num(v)?,
             "worker.batch_block_ms" => self.worker.batch_block_ms = num(v)?,
             "worker.lease_ttl_ms" => self.worker.lease_ttl_ms = num(v)?,
@@ -230,6 +266,18 @@ impl Config {
         }
         if self.gateway.max_body_bytes == 0 || self.gateway.max_body_bytes > 1 << 20 {
             bad("gateway.max_body_bytes", "must be 1..=1048576");
+        }
+        if self.gateway.heartbeat_ms < 100 || self.gateway.heartbeat_ms >= self.gateway.nat_idle_timeout_ms {
+            bad("gateway.heartbeat_ms", "must be at least 100 and below gateway.nat_idle_timeout_ms");
+        }
+        if self.gateway.inflight_window == 0 || self.gateway.realtime_queue == 0 {
+            bad("gateway.inflight_window", "inflight_window and realtime_queue must be positive");
+        }
+        if self.gateway.backlog_page_desktop == 0 || self.gateway.backlog_page_mobile == 0 {
+            bad("gateway.backlog_page_desktop", "backlog page sizes must be positive");
+        }
+        if self.gateway.ack_timeout_ms == 0 || self.gateway.ack_probe_ms == 0 {
+            bad("gateway.ack_timeout_ms", "ack_timeout_ms and ack_probe_ms must be positive");
         }
         if self.gateway.max_group_size < 2 {
             bad("gateway.max_group_size", "must be at least 2");

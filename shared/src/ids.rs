@@ -21,7 +21,7 @@ const SEQUENCE_MASK: u64 = (1 << SEQUENCE_BITS) - 1;
 /// Width of the decimal form of the largest u64.
 pub const MEMBER_WIDTH: usize = 20;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MsgId(pub u64);
 
 impl MsgId {

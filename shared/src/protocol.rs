@@ -118,6 +118,8 @@ pub struct NodeEnvelope {
     pub sent: Vec<SendNotice>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deliver: Vec<Delivery>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kick: Vec<Kick>,
 }
 
 #[cfg(test)]
@@ -148,5 +150,114 @@ mod tests {
         };
         let s = serde_json::to_string(&n).unwrap();
         assert_eq!(serde_json::from_str::<SendNotice>(&s).unwrap(), n);
+    }
+}
+
+/// A client frame, parsed in two steps: `t` first, then the fields of that type (an
+/// internally tagged enum cannot hold the raw `body`).
+#[derive(Debug)]
+pub enum ClientFrame {
+    Send(SendFrame),
+    Ack(AckFrame),
+    Read(ReadFrame),
+    Sync(SyncFrame),
+    Ping(PingFrame),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SendFrame {
+    pub cmid: String,
+    pub conv: String,
+    pub body: Box<RawValue>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AckFrame {
+    pub ids: Vec<MsgId>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReadFrame {
+    pub conv: String,
+    pub seq: u64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SyncFrame {
+    pub conv: String,
+    #[serde(default)]
+    pub after_seq: u64,
+    #[serde(default)]
+    pub limit: Option<u32>,
+    #[serde(rename = "ref", default)]
+    pub reference: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PingFrame {
+    #[serde(default)]
+    pub ts: Option<u64>,
+}
+
+/// Why a client frame was refused; `reference` is its `cmid`/`ref` when readable.
+#[derive(Debug)]
+pub struct FrameError {
+    pub message: String,
+    pub reference: Option<String>,
+}
+
+impl ClientFrame {
+    pub fn parse(text: &str) -> Result<ClientFrame, FrameError> {
+        #[derive(Deserialize)]
+        struct Head {
+            t: Option<String>,
+            cmid: Option<serde_json::Value>,
+            #[serde(rename = "ref")]
+            reference: Option<serde_json::Value>,
+        }
+        let head: Head = serde_json::from_str(text)
+            .map_err(|e| FrameError { message: format!("malformed JSON frame: {e}"), reference: None })?;
+        let reference = head.reference.or(head.cmid).and_then(|v| v.as_str().map(str::to_owned));
+        let fail =
+            |e: serde_json::Error| FrameError { message: format!("invalid frame: {e}"), reference: reference.clone() };
+        match head.t.as_deref() {
+            Some("send") => serde_json::from_str(text).map(ClientFrame::Send).map_err(fail),
+            Some("ack") => serde_json::from_str(text).map(ClientFrame::Ack).map_err(fail),
+            Some("read") => serde_json::from_str(text).map(ClientFrame::Read).map_err(fail),
+            Some("sync") => serde_json::from_str(text).map(ClientFrame::Sync).map_err(fail),
+            Some("ping") => serde_json::from_str(text).map(ClientFrame::Ping).map_err(fail),
+            Some(other) => Err(FrameError { message: format!("unknown frame type {other:?}"), reference }),
+            None => Err(FrameError { message: "frame has no type (t)".into(), reference }),
+        }
+    }
+}
+
+/// Tells a node to close a session replaced elsewhere (close code 4002).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Kick {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+    pub session: String,
+}
+
+#[cfg(test)]
+mod frame_tests {
+    use super::*;
+
+    #[test]
+    fn client_frames_parse_by_type_and_errors_keep_the_reference() {
+        assert!(matches!(
+            ClientFrame::parse(r#"{"t":"send","cmid":"a","conv":"c","body":{"x":1}}"#),
+            Ok(ClientFrame::Send(_))
+        ));
+        assert!(matches!(ClientFrame::parse(r#"{"t":"ack","ids":["18446744073709551615"]}"#), Ok(ClientFrame::Ack(_))));
+        assert!(matches!(ClientFrame::parse(r#"{"t":"ping"}"#), Ok(ClientFrame::Ping(_))));
+        let e = ClientFrame::parse(r#"{"t":"send","cmid":"a1","conv":"c"}"#).unwrap_err();
+        assert_eq!(e.reference.as_deref(), Some("a1"));
+        assert!(ClientFrame::parse(r#"{"t":"ack","ids":[1]}"#).is_err(), "ids are strings");
+        assert!(ClientFrame::parse(r#"{"t":"dance"}"#).unwrap_err().message.contains("unknown frame type"));
+        assert!(ClientFrame::parse("{nope").is_err());
+        assert!(ClientFrame::parse("[]").is_err());
     }
 }

@@ -355,3 +355,75 @@ pub async fn pending_ids(redis: &Client, keys: &Keys, user: &str, device: &str) 
         redis.zrange(keys.pending(TENANT, user, device), 0, -1, None, false, None, false).await.expect("zrange");
     members.iter().map(|m| m.parse::<u64>().expect("fixed-width id member")).collect()
 }
+
+/// (conv, seq, id)
+pub type Seen = (String, u64, u64);
+type Shared<T> = std::sync::Arc<std::sync::Mutex<T>>;
+
+/// A connected device that acks every `msg` at once and records what it saw.
+pub struct AutoDevice {
+    pub user: String,
+    pub device: String,
+    /// Every `msg`, repeats included, in arrival order.
+    pub received: Shared<Vec<Seen>>,
+    /// Answers to this device's sends, by cmid.
+    pub sent: Shared<std::collections::HashMap<String, Seen>>,
+    outbox: tokio::sync::mpsc::Sender<serde_json::Value>,
+    pub closed: Shared<Option<Option<u16>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AutoDevice {
+    pub async fn connect(base: &str, token: &str, user: &str, device: &str) -> AutoDevice {
+        use herald_shared::client::{WsClient, WsEvent};
+        let mut ws = WsClient::connect(base, token).await.expect("websocket connects");
+        let hello = ws.next(Duration::from_secs(10)).await;
+        assert!(matches!(&hello, Some(WsEvent::Frame(f)) if f["t"] == "hello"), "first frame is hello: {hello:?}");
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+        let closed = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let (outbox, mut rx) = tokio::sync::mpsc::channel::<serde_json::Value>(1024);
+        let (r, s, cl) = (received.clone(), sent.clone(), closed.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    out = rx.recv() => match out {
+                        Some(f) => { if ws.send(&f).await.is_err() { break; } }
+                        None => { ws.close().await; break; }
+                    },
+                    ev = ws.next(Duration::from_secs(3600)) => match ev {
+                        Some(WsEvent::Frame(f)) => match f["t"].as_str() {
+                            Some("msg") => {
+                                let id = f["id"].as_str().unwrap().to_string();
+                                r.lock().unwrap().push((f["conv"].as_str().unwrap().to_string(), f["seq"].as_u64().unwrap(), id.parse().unwrap()));
+                                if ws.send(&serde_json::json!({"t": "ack", "ids": [id]})).await.is_err() { break; }
+                            }
+                            Some("sent") => {
+                                s.lock().unwrap().insert(
+                                    f["cmid"].as_str().unwrap().to_string(),
+                                    (f["conv"].as_str().unwrap().to_string(), f["seq"].as_u64().unwrap(), f["id"].as_str().unwrap().parse().unwrap()),
+                                );
+                            }
+                            _ => {}
+                        },
+                        Some(WsEvent::Closed(code)) => { *cl.lock().unwrap() = Some(code); break; }
+                        None => {}
+                    },
+                }
+            }
+        });
+        AutoDevice { user: user.into(), device: device.into(), received, sent, outbox, closed, task }
+    }
+
+    pub async fn send(&self, cmid: &str, conv: &str, body: serde_json::Value) {
+        self.outbox
+            .send(serde_json::json!({"t": "send", "cmid": cmid, "conv": conv, "body": body}))
+            .await
+            .expect("device running");
+    }
+
+    pub async fn stop(self) {
+        drop(self.outbox);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}

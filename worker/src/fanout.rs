@@ -194,7 +194,7 @@ impl Fanout {
         };
 
         // Online devices, grouped by the node that holds them.
-        let mut by_node: BTreeMap<String, HashMap<MsgId, Vec<DeviceAddr>>> = BTreeMap::new();
+        let mut by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceAddr>>> = BTreeMap::new();
         for (((tenant, user), plan), online) in plans.iter().zip(results) {
             for (device, node) in online {
                 let Some(ids) = plan.get(&device) else {

@@ -1,0 +1,197 @@
+//! Reads from MySQL, the backstop of push: a conversation's history (gap filling) and
+//! the device-level sync of everything after an id.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use fred::prelude::*;
+use herald_shared::db::TextColumns;
+use herald_shared::error::ErrorCode;
+use herald_shared::ids::MsgId;
+use herald_shared::protocol::Message;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sqlx::mysql::MySqlRow;
+use sqlx::Row;
+
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult};
+use crate::AppState;
+
+#[derive(Debug, Serialize)]
+pub struct Page {
+    pub items: Vec<Message>,
+    pub more: bool,
+}
+
+const MESSAGE_COLUMNS: &str =
+    "msg.id, msg.conv_id, msg.seq, msg.sender_id, msg.client_msg_id, msg.created_at, msg.body";
+
+fn message(r: &MySqlRow) -> Result<Message, sqlx::Error> {
+    let body = r.text(6)?;
+    Ok(Message {
+        id: MsgId(r.try_get::<u64, _>(0)?),
+        conv: r.text(1)?,
+        seq: r.try_get(2)?,
+        from: r.text(3)?,
+        cmid: r.text(4)?,
+        ts: r.try_get::<i64, _>(5)? as u64,
+        body: RawValue::from_string(body).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+    })
+}
+
+/// A conversation's messages after `after_seq`, within the caller's membership range.
+pub async fn conversation(
+    state: &AppState,
+    tenant: &str,
+    user: &str,
+    conv: &str,
+    after_seq: u64,
+    limit: u32,
+) -> ApiResult<Page> {
+    let member =
+        sqlx::query("SELECT joined_seq, left_seq FROM members WHERE tenant_id = ? AND conv_id = ? AND user_id = ?")
+            .bind(tenant)
+            .bind(conv)
+            .bind(user)
+            .fetch_optional(&state.db)
+            .await?;
+    let Some(member) = member else {
+        let exists = sqlx::query("SELECT 1 FROM conversations WHERE tenant_id = ? AND id = ?")
+            .bind(tenant)
+            .bind(conv)
+            .fetch_optional(&state.db)
+            .await?
+            .is_some();
+        return Err(if exists {
+            ApiError::new(ErrorCode::Forbidden, "not a member of this conversation")
+        } else {
+            ApiError::not_found()
+        });
+    };
+    let joined: u64 = member.try_get(0)?;
+    let left: Option<u64> = member.try_get(1)?;
+    let rows = sqlx::query(&format!(
+        "SELECT {MESSAGE_COLUMNS} FROM messages msg WHERE msg.tenant_id = ? AND msg.conv_id = ? AND msg.seq > ? AND msg.seq <= ? \
+         ORDER BY msg.seq LIMIT ?"
+    ))
+    .bind(tenant)
+    .bind(conv)
+    .bind(after_seq.max(joined))
+    .bind(left.unwrap_or(u64::MAX >> 1))
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    page(rows, limit)
+}
+
+/// Every message of every conversation of the user with id > `after`, in id order.
+pub async fn device_sync(state: &AppState, tenant: &str, user: &str, after: MsgId, limit: u32) -> ApiResult<Page> {
+    let rows = sqlx::query(&format!(
+        "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
+         WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.seq > m.joined_seq \
+         AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) ORDER BY msg.id LIMIT ?"
+    ))
+    .bind(tenant)
+    .bind(user)
+    .bind(after.0)
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    page(rows, limit)
+}
+
+fn page(rows: Vec<MySqlRow>, limit: u32) -> ApiResult<Page> {
+    let more = rows.len() > limit as usize;
+    let items = rows.iter().take(limit as usize).map(message).collect::<Result<Vec<_>, _>>()?;
+    Ok(Page { items, more })
+}
+
+fn check_limit(limit: Option<u32>, default: u32, max: u32) -> ApiResult<u32> {
+    let limit = limit.unwrap_or(default);
+    if !(1..=max).contains(&limit) {
+        return Err(ApiError::bad_request(format!("limit must be 1..{max}")));
+    }
+    Ok(limit)
+}
+
+#[derive(Deserialize)]
+pub struct MessagesQuery {
+    after_seq: Option<u64>,
+    limit: Option<u32>,
+}
+
+/// `GET /v1/conversations/{id}/messages`
+pub async fn messages(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    Path(conv): Path<String>,
+    Query(q): Query<MessagesQuery>,
+) -> ApiResult<Json<Page>> {
+    let limit = check_limit(q.limit, 100, 1_000)?;
+    Ok(Json(conversation(&state, &c.tid, &c.sub, &conv, q.after_seq.unwrap_or(0), limit).await?))
+}
+
+#[derive(Deserialize)]
+pub struct SyncQuery {
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+/// `GET /v1/sync`
+pub async fn sync(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    Query(q): Query<SyncQuery>,
+) -> ApiResult<Json<Page>> {
+    let limit = check_limit(q.limit, 200, 1_000)?;
+    let after = match q.after.as_deref() {
+        None | Some("") => MsgId(0),
+        Some(s) => s.parse().map_err(|_| ApiError::bad_request("after must be a message id (decimal string)"))?,
+    };
+    Ok(Json(device_sync(&state, &c.tid, &c.sub, after, limit).await?))
+}
+
+/// The `msg` frames of these ids: from Redis (`m:{id}`), else rebuilt from MySQL.
+pub async fn frames(state: &AppState, ids: &[MsgId]) -> HashMap<MsgId, String> {
+    let mut out = HashMap::with_capacity(ids.len());
+    if ids.is_empty() {
+        return out;
+    }
+    let pipe = state.redis.next().pipeline();
+    for id in ids {
+        let _: Result<(), _> = pipe.get::<(), _>(state.keys.message(*id)).await;
+    }
+    let results = pipe.try_all::<Option<String>>().await;
+    let mut missing = Vec::new();
+    for (id, r) in ids.iter().zip(results) {
+        match r {
+            Ok(Some(frame)) => {
+                out.insert(*id, frame);
+            }
+            _ => missing.push(*id),
+        }
+    }
+    if !missing.is_empty() {
+        let mut q = sqlx::QueryBuilder::<sqlx::MySql>::new(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages msg WHERE msg.id IN ("
+        ));
+        let mut sep = q.separated(", ");
+        for id in &missing {
+            sep.push_bind(id.0);
+        }
+        q.push(")");
+        match q.build().fetch_all(&state.db).await {
+            Ok(rows) => {
+                for r in &rows {
+                    if let Ok(m) = message(r) {
+                        out.insert(m.id, herald_shared::protocol::msg_frame(&m));
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "message frames could not be read from MySQL"),
+        }
+    }
+    out
+}

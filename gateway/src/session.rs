@@ -1,0 +1,477 @@
+//! One WebSocket session: a single loop over socket reads, realtime pushes, backlog
+//! pages, the heartbeat tick and shutdown.
+//!
+//! Delivery rules (DESIGN.md section 4): realtime pushes go first (biased select);
+//! backlog is read from the device's pending set in pages, each page acked before the
+//! next; at most `inflight_window` pushes are unacked; an ack removes the ids from the
+//! pending set (and nothing else does); an unacked push older than `ack_timeout_ms`
+//! triggers a ping, and without a pong the connection is half-open and closed (4000).
+//! A push dropped because this session's queue was full is re-read from the pending set.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use fred::interfaces::{KeysInterface, SortedSetsInterface};
+use fred::prelude::*;
+use herald_shared::auth::{Claims, Platform};
+use herald_shared::error::ErrorCode;
+use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::protocol::{ClientFrame, SendResult};
+use serde_json::json;
+
+use crate::sessions::{Control, DeviceKey, Push};
+use crate::ws::{CLOSE_DRAINING, CLOSE_HEARTBEAT, CLOSE_PROTOCOL, CLOSE_REPLACED};
+use crate::AppState;
+
+/// Sets the device's presence, returning what was there before.
+const PRESENCE_SET_LUA: &str = "local old = redis.call('HGET', KEYS[1], ARGV[1]) \
+     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) redis.call('PEXPIRE', KEYS[1], ARGV[3]) return old";
+/// Clears the device's presence if it is still this session's.
+const PRESENCE_CLEAR_LUA: &str =
+    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
+
+/// Protocol errors tolerated before the connection is closed with 4009.
+const MAX_PROTOCOL_ERRORS: u32 = 10;
+
+/// Where the backlog stands.
+#[derive(Debug, Default)]
+struct Backlog {
+    /// The highest id read from the pending set so far.
+    cursor: MsgId,
+    /// Ids of the current page not yet acked.
+    outstanding: HashSet<MsgId>,
+    done: bool,
+    delivered: u64,
+}
+
+pub struct Session {
+    state: AppState,
+    claims: Claims,
+    key: DeviceKey,
+    id: String,
+    socket: WebSocket,
+    inflight: HashMap<MsgId, Instant>,
+    backlog: Backlog,
+    page_size: usize,
+    last_seen: Instant,
+    last_ping: Instant,
+    probe: Option<Instant>,
+    protocol_errors: u32,
+}
+
+enum Step {
+    Continue,
+    Close(u16, &'static str),
+}
+
+impl Session {
+    pub async fn run(state: AppState, claims: Claims, socket: WebSocket) {
+        let id = format!("{}-{:016x}", state.cfg.node_id, rand::random::<u64>());
+        let key: DeviceKey = (claims.tid.clone(), claims.sub.clone(), claims.dev.clone());
+        let page_size = match claims.plat {
+            Platform::Ios | Platform::Android => state.cfg.gateway.backlog_page_mobile,
+            _ => state.cfg.gateway.backlog_page_desktop,
+        };
+        let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
+        let _enter = span.enter();
+        let now = Instant::now();
+        let mut session = Session {
+            state,
+            claims,
+            key,
+            id,
+            socket,
+            inflight: HashMap::new(),
+            backlog: Backlog::default(),
+            page_size,
+            last_seen: now,
+            last_ping: now,
+            probe: None,
+            protocol_errors: 0,
+        };
+        session.serve().await;
+    }
+
+    async fn serve(&mut self) {
+        let st = self.state.clone();
+        let reg = st.sessions.register(self.key.clone(), self.id.clone(), st.cfg.gateway.realtime_queue);
+        let (mut pushes, mut control, control_tx, lagged) = (reg.pushes, reg.control, reg.control_tx, reg.lagged);
+        let outcome = match self.start().await {
+            Ok(()) => self.event_loop(&mut pushes, &mut control, &control_tx, &lagged).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "session start failed");
+                Step::Close(1011, "dependency unavailable")
+            }
+        };
+        if let Step::Close(code, reason) = outcome {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                self.socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))),
+            )
+            .await;
+        }
+        st.sessions.unregister(&self.key, &self.id);
+        let presence = st.keys.presence(&self.claims.tid, &self.claims.sub);
+        let value = format!("{}|{}", st.cfg.node_id, self.id);
+        let _: Result<i64, _> =
+            st.redis.next().eval(PRESENCE_CLEAR_LUA, vec![presence], vec![self.claims.dev.clone(), value]).await;
+    }
+
+    /// Presence (replacing a session elsewhere) and the `hello` frame.
+    async fn start(&mut self) -> Result<(), fred::error::Error> {
+        let st = self.state.clone();
+        let presence = st.keys.presence(&self.claims.tid, &self.claims.sub);
+        let value = format!("{}|{}", st.cfg.node_id, self.id);
+        let ttl = (st.cfg.gateway.heartbeat_ms * 3).to_string();
+        let old: Option<String> =
+            st.redis.next().eval(PRESENCE_SET_LUA, vec![presence], vec![self.claims.dev.clone(), value, ttl]).await?;
+        if let Some((node, session)) = old.as_deref().and_then(|o| o.split_once('|')) {
+            if node != st.cfg.node_id {
+                let kick = herald_shared::protocol::NodeEnvelope {
+                    kick: vec![herald_shared::protocol::Kick {
+                        tenant: self.claims.tid.clone(),
+                        user: self.claims.sub.clone(),
+                        device: self.claims.dev.clone(),
+                        session: session.to_string(),
+                    }],
+                    ..Default::default()
+                };
+                let _: () = st
+                    .redis
+                    .next()
+                    .publish(st.keys.node_channel(node), serde_json::to_string(&kick).expect("serializes"))
+                    .await?;
+            }
+        }
+        let pending: u64 = st.redis.next().zcard(self.pending_key()).await?;
+        self.write(
+            json!({"t": "hello", "session": self.id, "hb_ms": st.cfg.gateway.heartbeat_ms, "pending": pending})
+                .to_string(),
+        )
+        .await;
+        Ok(())
+    }
+
+    fn pending_key(&self) -> String {
+        self.state.keys.pending(&self.claims.tid, &self.claims.sub, &self.claims.dev)
+    }
+
+    async fn write(&mut self, text: String) -> bool {
+        metrics::counter!("herald_frames_out_total").increment(1);
+        self.socket.send(Message::Text(text.into())).await.is_ok()
+    }
+
+    async fn event_loop(
+        &mut self,
+        pushes: &mut tokio::sync::mpsc::Receiver<Push>,
+        control: &mut tokio::sync::mpsc::Receiver<Control>,
+        control_tx: &tokio::sync::mpsc::Sender<Control>,
+        lagged: &std::sync::atomic::AtomicBool,
+    ) -> Step {
+        let cfg = self.state.cfg.gateway.clone();
+        let shutdown = self.state.shutdown.clone();
+        let mut tick = tokio::time::interval(Duration::from_millis(cfg.heartbeat_ms.min(1_000)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if lagged.swap(false, Ordering::AcqRel) {
+                // Dropped pushes are still pending in Redis: read the set again.
+                self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };
+            }
+            if !self.backlog.done && self.backlog.outstanding.is_empty() && self.inflight.len() < cfg.inflight_window {
+                if let Err(e) = self.next_backlog_page(cfg.inflight_window - self.inflight.len()).await {
+                    tracing::warn!(error = %e, "backlog read failed");
+                    return Step::Close(1011, "dependency unavailable");
+                }
+            }
+            let window_open = self.inflight.len() < cfg.inflight_window;
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return self.drain(cfg.drain_ms).await,
+                Some(c) = control.recv() => match c {
+                    Control::Frame(text) => { self.write(text).await; }
+                    Control::Replaced => return Step::Close(CLOSE_REPLACED, "replaced by a newer session"),
+                },
+                Some(p) = pushes.recv(), if window_open => {
+                    if self.inflight.contains_key(&p.id) {
+                        continue;
+                    }
+                    self.inflight.insert(p.id, Instant::now());
+                    if !self.write(p.frame.to_string()).await {
+                        return Step::Continue;
+                    }
+                    metrics::counter!("herald_deliveries_total", "kind" => "realtime").increment(1);
+                }
+                msg = self.socket.recv() => {
+                    let Some(Ok(msg)) = msg else { return Step::Continue };
+                    self.last_seen = Instant::now();
+                    match msg {
+                        Message::Text(t) => {
+                            if let Step::Close(code, reason) = self.on_frame(t.as_str(), control_tx).await {
+                                return Step::Close(code, reason);
+                            }
+                        }
+                        Message::Pong(_) => self.on_pong(),
+                        Message::Close(_) => return Step::Continue,
+                        Message::Binary(_) => {
+                            if let Step::Close(c, r) = self.protocol_error(None, "binary frames are not supported").await {
+                                return Step::Close(c, r);
+                            }
+                        }
+                        Message::Ping(_) => {}
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Step::Close(code, reason) = self.on_tick().await {
+                        return Step::Close(code, reason);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_pong(&mut self) {
+        if self.probe.take().is_some() {
+            // A slow device, not a dead one: give its pushes more time.
+            let now = Instant::now();
+            for t in self.inflight.values_mut() {
+                *t = now;
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) -> Step {
+        let cfg = &self.state.cfg.gateway;
+        let now = Instant::now();
+        let idle_limit = Duration::from_millis(cfg.heartbeat_ms * 5 / 2);
+        if now.duration_since(self.last_seen) > idle_limit {
+            metrics::counter!("herald_heartbeat_timeouts_total").increment(1);
+            return Step::Close(CLOSE_HEARTBEAT, "heartbeat timeout");
+        }
+        if let Some(probe) = self.probe {
+            if now.duration_since(probe) > Duration::from_millis(cfg.ack_probe_ms) {
+                metrics::counter!("herald_half_open_closes_total").increment(1);
+                return Step::Close(CLOSE_HEARTBEAT, "unacked pushes and no pong: half-open");
+            }
+        } else if self.inflight.values().any(|t| now.duration_since(*t) > Duration::from_millis(cfg.ack_timeout_ms)) {
+            metrics::counter!("herald_ack_timeouts_total").increment(1);
+            self.probe = Some(now);
+            let _ = self.socket.send(Message::Ping(Default::default())).await;
+            self.last_ping = now;
+        }
+        if now.duration_since(self.last_ping) >= Duration::from_millis(cfg.heartbeat_ms) {
+            self.last_ping = now;
+            let _ = self.socket.send(Message::Ping(Default::default())).await;
+            let presence = self.state.keys.presence(&self.claims.tid, &self.claims.sub);
+            let _: Result<bool, _> =
+                self.state.redis.next().pexpire(presence, (cfg.heartbeat_ms * 3) as i64, None).await;
+        }
+        Step::Continue
+    }
+
+    async fn protocol_error(&mut self, reference: Option<String>, message: &str) -> Step {
+        self.error_frame(ErrorCode::BadRequest, message, reference).await;
+        self.count_protocol_error()
+    }
+
+    fn count_protocol_error(&mut self) -> Step {
+        self.protocol_errors += 1;
+        metrics::counter!("herald_protocol_errors_total").increment(1);
+        if self.protocol_errors >= MAX_PROTOCOL_ERRORS {
+            return Step::Close(CLOSE_PROTOCOL, "too many malformed frames");
+        }
+        Step::Continue
+    }
+
+    async fn error_frame(&mut self, code: ErrorCode, message: &str, reference: Option<String>) {
+        let mut f = json!({"t": "error", "code": code, "message": message});
+        if let Some(r) = reference {
+            f["ref"] = json!(r);
+        }
+        self.write(f.to_string()).await;
+    }
+
+    async fn on_frame(&mut self, text: &str, control_tx: &tokio::sync::mpsc::Sender<Control>) -> Step {
+        metrics::counter!("herald_frames_in_total").increment(1);
+        let max_frame = self.state.cfg.gateway.max_body_bytes * 2 + 4096;
+        if text.len() > max_frame {
+            self.error_frame(
+                ErrorCode::TooLarge,
+                &format!("frame is {} bytes; the limit is {max_frame}", text.len()),
+                None,
+            )
+            .await;
+            return self.count_protocol_error();
+        }
+        let frame = match ClientFrame::parse(text) {
+            Ok(f) => f,
+            Err(e) => return self.protocol_error(e.reference, &e.message).await,
+        };
+        match frame {
+            ClientFrame::Ping(p) => {
+                let ts = p.ts.unwrap_or_else(now_ms);
+                self.write(json!({"t": "pong", "ts": ts}).to_string()).await;
+            }
+            ClientFrame::Ack(a) => {
+                if let Err(e) = self.on_ack(a.ids).await {
+                    tracing::warn!(error = %e, "ack could not be recorded");
+                    self.error_frame(ErrorCode::Unavailable, "ack not recorded; ack again", None).await;
+                }
+            }
+            ClientFrame::Send(s) => {
+                if let Err(e) = crate::messages::validate_send(&self.state, &s.cmid, &s.conv, &s.body) {
+                    self.error_frame(e.code, &e.message, Some(s.cmid)).await;
+                    return Step::Continue;
+                }
+                let started = Instant::now();
+                // Enqueued here, in arrival order; the commit is awaited elsewhere.
+                match crate::messages::enqueue(
+                    &self.state,
+                    &self.claims,
+                    s.cmid.clone(),
+                    s.conv,
+                    s.body.get().to_owned(),
+                )
+                .await
+                {
+                    Err(e) => self.error_frame(e.code, &e.message, Some(s.cmid)).await,
+                    Ok(waiter) => {
+                        let (state, tx, cmid) = (self.state.clone(), control_tx.clone(), s.cmid);
+                        tokio::spawn(async move {
+                            let frame = match crate::messages::wait_committed(&state, waiter).await {
+                                Ok(r) => sent_frame(&cmid, &r),
+                                Err(e) => {
+                                    json!({"t": "error", "code": e.code, "message": e.message, "ref": cmid}).to_string()
+                                }
+                            };
+                            metrics::histogram!("herald_send_ack_seconds", "transport" => "ws")
+                                .record(started.elapsed().as_secs_f64());
+                            let _ = tx.send(Control::Frame(frame)).await;
+                        });
+                    }
+                }
+            }
+            ClientFrame::Sync(s) => {
+                let limit = s.limit.unwrap_or(100).clamp(1, 1_000);
+                let (state, tx) = (self.state.clone(), control_tx.clone());
+                let (tenant, user) = (self.claims.tid.clone(), self.claims.sub.clone());
+                tokio::spawn(async move {
+                    let frame = match crate::history::conversation(&state, &tenant, &user, &s.conv, s.after_seq, limit)
+                        .await
+                    {
+                        Ok(p) => {
+                            json!({"t": "history", "conv": s.conv, "items": p.items, "more": p.more, "ref": s.reference})
+                        }
+                        Err(e) => json!({"t": "error", "code": e.code, "message": e.message, "ref": s.reference}),
+                    };
+                    let _ = tx.send(Control::Frame(frame.to_string())).await;
+                });
+            }
+            ClientFrame::Read(_) => {
+                self.error_frame(ErrorCode::BadRequest, "read receipts are not available yet", None).await;
+            }
+        }
+        Step::Continue
+    }
+
+    /// Acked ids leave the pending set; this is the only way they leave it.
+    async fn on_ack(&mut self, ids: Vec<MsgId>) -> Result<(), fred::error::Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let members: Vec<String> = ids.iter().map(|i| i.member()).collect();
+        let _: i64 = self.state.redis.next().zrem(self.pending_key(), members).await?;
+        for id in &ids {
+            self.inflight.remove(id);
+            if self.backlog.outstanding.remove(id) {
+                self.backlog.delivered += 1;
+            }
+        }
+        metrics::counter!("herald_acks_total").increment(ids.len() as u64);
+        if !self.backlog.done && self.backlog.outstanding.is_empty() && self.backlog.cursor == MsgId(u64::MAX) {
+            self.finish_backlog().await;
+        }
+        Ok(())
+    }
+
+    async fn finish_backlog(&mut self) {
+        self.backlog.done = true;
+        let delivered = self.backlog.delivered;
+        self.write(json!({"t": "caught_up", "delivered": delivered}).to_string()).await;
+    }
+
+    /// Reads and sends the next page of the pending set after the cursor.
+    async fn next_backlog_page(&mut self, room: usize) -> Result<(), fred::error::Error> {
+        if self.backlog.cursor == MsgId(u64::MAX) {
+            // Every page was read; caught_up follows the last ack.
+            return Ok(());
+        }
+        let want = self.page_size.min(room).max(1);
+        let min = if self.backlog.cursor == MsgId(0) { f64::NEG_INFINITY } else { self.backlog.cursor.score() };
+        // Ids above 2^53 can share a score with the cursor: read extra and compare exactly.
+        let members: Vec<String> = self
+            .state
+            .redis
+            .next()
+            .zrangebyscore(self.pending_key(), min, f64::INFINITY, false, Some((0, (want + 128) as i64)))
+            .await?;
+        let mut ids: Vec<MsgId> = members
+            .iter()
+            .filter_map(|m| MsgId::from_member(m))
+            .filter(|id| *id > self.backlog.cursor || self.backlog.cursor == MsgId(0))
+            .collect();
+        ids.truncate(want);
+        let Some(last) = ids.last().copied() else {
+            self.backlog.cursor = MsgId(u64::MAX);
+            if self.backlog.outstanding.is_empty() {
+                self.finish_backlog().await;
+            }
+            return Ok(());
+        };
+        self.backlog.cursor = last;
+        let fresh: Vec<MsgId> = ids.into_iter().filter(|id| !self.inflight.contains_key(id)).collect();
+        let frames = crate::history::frames(&self.state, &fresh).await;
+        let now = Instant::now();
+        for id in fresh {
+            match frames.get(&id) {
+                Some(frame) => {
+                    self.inflight.insert(id, now);
+                    self.backlog.outstanding.insert(id);
+                    self.write(frame.clone()).await;
+                    metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
+                }
+                None => {
+                    // Not in Redis nor MySQL (a message that was never committed cannot
+                    // be pending); drop the stale entry.
+                    let _: Result<i64, _> = self.state.redis.next().zrem(self.pending_key(), id.member()).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Server shutdown: tell the client when to come back (spread over the drain
+    /// period), give it a moment to ack what is in flight, then close with 4003.
+    async fn drain(&mut self, drain_ms: u64) -> Step {
+        let after_ms = rand::random::<u64>() % drain_ms.max(1);
+        self.write(json!({"t": "reconnect", "after_ms": after_ms}).to_string()).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(drain_ms.min(2_000));
+        while !self.inflight.is_empty() {
+            match tokio::time::timeout_at(deadline, self.socket.recv()).await {
+                Ok(Some(Ok(Message::Text(t)))) => {
+                    if let Ok(ClientFrame::Ack(a)) = ClientFrame::parse(t.as_str()) {
+                        let _ = self.on_ack(a.ids).await;
+                    }
+                }
+                Ok(Some(Ok(_))) => {}
+                _ => break,
+            }
+        }
+        Step::Close(CLOSE_DRAINING, "server draining; reconnect")
+    }
+}
+
+fn sent_frame(cmid: &str, r: &SendResult) -> String {
+    json!({"t": "sent", "cmid": cmid, "id": r.id, "conv": r.conv, "seq": r.seq, "ts": r.ts, "dup": r.dup}).to_string()
+}

@@ -1,0 +1,63 @@
+//! `GET /v1/ws`: authentication at the upgrade, and session start.
+//!
+//! A bad token still gets its upgrade, closed at once with 4001, so browsers (which
+//! cannot read a refused handshake's status) can tell why.
+
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::response::Response;
+use herald_shared::auth::verify;
+
+use crate::auth::{register_device, token_of};
+use crate::session::Session;
+use crate::AppState;
+
+pub const CLOSE_HEARTBEAT: u16 = 4000;
+pub const CLOSE_UNAUTHORIZED: u16 = 4001;
+pub const CLOSE_REPLACED: u16 = 4002;
+pub const CLOSE_DRAINING: u16 = 4003;
+pub const CLOSE_POLICY: u16 = 4008;
+pub const CLOSE_PROTOCOL: u16 = 4009;
+
+/// The raw request parts, for reading the token ourselves.
+pub struct RawParts(Parts);
+
+impl<S: Send + Sync> FromRequestParts<S> for RawParts {
+    type Rejection = std::convert::Infallible;
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(RawParts(parts.clone()))
+    }
+}
+
+pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, ws: WebSocketUpgrade) -> Response {
+    // Explicit buffer sizes: tungstenite's defaults hold 128 KiB + 128 KiB per connection.
+    // The hard message cap is generous; the session answers frames over the protocol's
+    // limit with `too_large` instead of dropping the connection.
+    let ws = ws
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(0)
+        .max_write_buffer_size(1 << 20)
+        .max_message_size(1 << 20)
+        .max_frame_size(1 << 20);
+    let claims = token_of(&parts)
+        .ok_or("missing token".to_string())
+        .and_then(|t| verify(&t, state.cfg.jwt_secret.0.as_bytes()).map_err(|e| e.to_string()));
+    let tracker = state.tracker.clone();
+    match claims {
+        Err(reason) => ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, CLOSE_UNAUTHORIZED, reason))),
+        Ok(claims) => {
+            if let Err(e) = register_device(&state, &claims).await {
+                return ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, 1011, e.message)));
+            }
+            ws.on_upgrade(move |socket| tracker.track_future(Session::run(state, claims, socket)))
+        }
+    }
+}
+
+pub async fn close_now(mut socket: WebSocket, code: u16, reason: String) {
+    let frame = CloseFrame { code, reason: reason.chars().take(120).collect::<String>().into() };
+    let _ = tokio::time::timeout(Duration::from_secs(2), socket.send(Message::Close(Some(frame)))).await;
+}

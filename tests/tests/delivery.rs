@@ -1,0 +1,250 @@
+//! Delivery over WebSocket: real gateways and worker, real clients.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use herald_shared::client::{WsClient, WsEvent};
+use herald_tests::{eventually, pending_ids, AutoDevice, Cluster, TENANT};
+use serde_json::json;
+use sqlx::Row;
+
+/// Two gateways, one worker, 50 devices of 20 users in direct and group
+/// conversations, sending over WebSocket: every device but the sender's receives
+/// every message, and each conversation's timeline is 1..N in seq order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn devices_on_two_gateways_receive_every_message_in_order() {
+    let mut c = Cluster::new("fanout2gw");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    let user = |i: usize| format!("u{i:02}");
+    let mut convs: Vec<(String, Vec<String>)> = Vec::new();
+    for k in 0..5 {
+        convs.push((format!("d{k}"), vec![user(2 * k), user(2 * k + 1)]));
+    }
+    convs.push(("g0".into(), (10..15).map(user).collect()));
+    convs.push(("g1".into(), (15..20).map(user).collect()));
+    convs.push(("g2".into(), [0, 5, 10, 15, 19].into_iter().map(user).collect()));
+    for (id, members) in &convs {
+        let refs: Vec<&str> = members.iter().map(String::as_str).collect();
+        let kind = if id.starts_with('d') { "direct" } else { "group" };
+        c.client(0, &members[0], "x").create_conversation(Some(id), kind, &refs).await.unwrap();
+    }
+    let mut devices = Vec::new();
+    for u in 0..20 {
+        for d in 0..(if u < 10 { 3 } else { 2 }) {
+            let (name, dev) = (user(u), format!("p{d}"));
+            let gw = devices.len() % 2;
+            devices.push(AutoDevice::connect(&c.gateways[gw].base_url(), &c.token(&name, &dev), &name, &dev).await);
+        }
+    }
+    assert_eq!(devices.len(), 50);
+    for (i, d) in devices.iter().enumerate() {
+        let mine: Vec<&String> = convs.iter().filter(|(_, m)| m.contains(&d.user)).map(|(id, _)| id).collect();
+        for n in 0..6 {
+            d.send(&format!("{i}-{n}"), mine[(i + n) % mine.len()], json!({"n": n})).await;
+        }
+    }
+    eventually(Duration::from_secs(30), "every send answered", || {
+        let done = devices.iter().all(|d| d.sent.lock().unwrap().len() == 6);
+        async move { done.then_some(()) }
+    })
+    .await;
+
+    let db = c.db().await;
+    let rows =
+        sqlx::query("SELECT conv_id, seq, id, sender_id, sender_device FROM messages").fetch_all(&db).await.unwrap();
+    assert_eq!(rows.len(), 300);
+    let text = |r: &sqlx::mysql::MySqlRow, i: usize| String::from_utf8(r.get::<Vec<u8>, _>(i)).unwrap();
+    for d in &devices {
+        let want: BTreeSet<u64> = rows
+            .iter()
+            .filter(|r| convs.iter().any(|(id, m)| *id == text(r, 0) && m.contains(&d.user)))
+            .filter(|r| !(text(r, 3) == d.user && text(r, 4) == d.device))
+            .map(|r| r.get::<u64, _>(2))
+            .collect();
+        let received = d.received.clone();
+        eventually(Duration::from_secs(30), "every message reaches every other device", || {
+            let got: BTreeSet<u64> = received.lock().unwrap().iter().map(|(_, _, id)| *id).collect();
+            let ok = got == want;
+            async move { ok.then_some(()) }
+        })
+        .await;
+        // Timeline per conversation: first sightings in increasing seq; with own sends, 1..N.
+        let mut timeline: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for (conv, seq, id) in d.received.lock().unwrap().iter() {
+            if seen.insert(*id) {
+                timeline.entry(conv.clone()).or_default().push(*seq);
+            }
+        }
+        for (conv, seqs) in &timeline {
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{}/{} saw {conv} out of order: {seqs:?}", d.user, d.device);
+            let mut all: BTreeSet<u64> = seqs.iter().copied().collect();
+            all.extend(d.sent.lock().unwrap().values().filter(|(c, _, _)| c == conv).map(|(_, s, _)| *s));
+            let n = rows.iter().filter(|r| text(r, 0) == *conv).count() as u64;
+            assert_eq!(all, (1..=n).collect::<BTreeSet<u64>>(), "{conv} timeline on {}/{}", d.user, d.device);
+        }
+    }
+    // Everything acked: no pending set holds anything.
+    let redis = c.redis().await;
+    for d in &devices {
+        let (redis, keys) = (redis.clone(), c.keys());
+        eventually(Duration::from_secs(10), "pending sets drain with the acks", || {
+            let (redis, keys) = (redis.clone(), keys.clone());
+            let (u, dv) = (d.user.clone(), d.device.clone());
+            async move { pending_ids(&redis, &keys, &u, &dv).await.is_empty().then_some(()) }
+        })
+        .await;
+    }
+    for d in devices {
+        d.stop().await;
+    }
+}
+
+/// A device offline while 1 000 messages arrive gets them in pages of its platform's
+/// size, each page waiting for its acks, then `caught_up`; its pending set ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_device_drains_its_backlog_in_pages() {
+    let mut c = Cluster::new("backlog");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[("HERALD_GATEWAY__BACKLOG_PAGE_MOBILE", "50")]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "phone").register_device().await.unwrap();
+    let mut tasks = Vec::new();
+    for t in 0..10 {
+        let alice = alice.clone();
+        tasks.push(tokio::spawn(async move {
+            for n in 0..100 {
+                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 20).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let redis = c.redis().await;
+    let keys = c.keys();
+    eventually(Duration::from_secs(20), "1000 messages pending for the offline device", || {
+        let (redis, keys) = (redis.clone(), keys.clone());
+        async move { (pending_ids(&redis, &keys, "bob", "phone").await.len() == 1000).then_some(()) }
+    })
+    .await;
+
+    // bob's token says ios: pages of 50.
+    let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "phone")).await.unwrap();
+    let hello = ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(hello["pending"], 1000);
+    let mut got: Vec<u64> = Vec::new();
+    let mut pages = Vec::new();
+    loop {
+        // Read until the server goes quiet: that is one page.
+        let mut page = Vec::new();
+        let mut caught_up = None;
+        while let Some(ev) = ws.next(Duration::from_millis(400)).await {
+            match ev {
+                WsEvent::Frame(f) if f["t"] == "msg" => page.push(f["id"].as_str().unwrap().to_string()),
+                WsEvent::Frame(f) if f["t"] == "caught_up" => {
+                    caught_up = Some(f["delivered"].as_u64().unwrap());
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        if let Some(delivered) = caught_up {
+            assert!(page.is_empty());
+            assert_eq!(delivered, 1000);
+            break;
+        }
+        assert!(!page.is_empty(), "the backlog stalled after {} messages", got.len());
+        pages.push(page.len());
+        got.extend(page.iter().map(|i| i.parse::<u64>().unwrap()));
+        ws.send(&json!({"t": "ack", "ids": page})).await.unwrap();
+    }
+    assert_eq!(pages.len(), 20, "pages of 50: {pages:?}");
+    assert!(pages.iter().all(|p| *p == 50), "{pages:?}");
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "oldest first");
+    assert_eq!(got.len(), 1000);
+    eventually(Duration::from_secs(5), "the pending set is empty after the acks", || {
+        let (redis, keys) = (redis.clone(), keys.clone());
+        async move { pending_ids(&redis, &keys, "bob", "phone").await.is_empty().then_some(()) }
+    })
+    .await;
+    let _ = TENANT;
+}
+
+/// Tokens, replaced sessions and malformed frames get the protocol's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_refusals_and_protocol_errors() {
+    let mut c = Cluster::new("wsproto");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[("HERALD_GATEWAY__MAX_BODY_BYTES", "1024")]).await;
+    c.start_gateway(&[]).await;
+    let base = c.gateways[0].base_url();
+
+    // Bad and expired tokens: accepted, then closed with 4001.
+    let expired = herald_shared::auth::sign(
+        &herald_shared::auth::Claims {
+            tid: TENANT.into(),
+            sub: "a".into(),
+            dev: "d".into(),
+            plat: herald_shared::auth::Platform::Web,
+            exp: 1,
+        },
+        herald_tests::SECRET.as_bytes(),
+    );
+    for token in ["garbage".to_string(), expired] {
+        let mut ws = WsClient::connect(&base, &token).await.unwrap();
+        assert_eq!(ws.next(Duration::from_secs(5)).await, Some(WsEvent::Closed(Some(4001))));
+    }
+
+    // A newer session of the same device replaces the older, across gateways: 4002.
+    let mut first = WsClient::connect(&base, &c.token("alice", "a1")).await.unwrap();
+    first.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    let mut second = WsClient::connect(&c.gateways[1].base_url(), &c.token("alice", "a1")).await.unwrap();
+    second.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    let closed = loop {
+        match first.next(Duration::from_secs(5)).await {
+            Some(WsEvent::Closed(code)) => break code,
+            Some(WsEvent::Frame(_)) => continue,
+            None => panic!("the replaced session was not closed"),
+        }
+    };
+    assert_eq!(closed, Some(4002));
+
+    // Garbage, unknown types, missing fields, oversized frames: error frames, then 4009.
+    let mut ws = WsClient::connect(&base, &c.token("bob", "b1")).await.unwrap();
+    ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    ws.send_text("{not json").await.unwrap();
+    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(e["code"], "bad_request");
+    ws.send(&json!({"t": "dance"})).await.unwrap();
+    assert!(ws.next_of("error", Duration::from_secs(5)).await.unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .contains("unknown frame type"));
+    ws.send(&json!({"t": "send", "cmid": "m1", "conv": "x"})).await.unwrap();
+    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
+    assert_eq!((e["code"].as_str(), e["ref"].as_str()), (Some("bad_request"), Some("m1")));
+    ws.send(&json!({"t": "send", "cmid": "m2", "conv": "x", "body": "y".repeat(3_000)})).await.unwrap();
+    assert_eq!(ws.next_of("error", Duration::from_secs(5)).await.unwrap()["code"], "too_large");
+    ws.send(&json!({"t": "send", "cmid": "m3", "conv": "nope", "body": {}})).await.unwrap();
+    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
+    assert_eq!((e["code"].as_str(), e["ref"].as_str()), (Some("not_found"), Some("m3")));
+    ws.send(&json!({"t": "ping", "ts": 42})).await.unwrap();
+    assert_eq!(ws.next_of("pong", Duration::from_secs(5)).await.unwrap()["ts"], 42);
+    for _ in 0..10 {
+        ws.send_text("]]").await.unwrap();
+    }
+    let code = loop {
+        match ws.next(Duration::from_secs(5)).await {
+            Some(WsEvent::Closed(code)) => break code,
+            Some(WsEvent::Frame(_)) => continue,
+            None => panic!("not closed after repeated protocol errors"),
+        }
+    };
+    assert_eq!(code, Some(4009));
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&c.db().await).await.unwrap();
+    assert_eq!(n, 0, "nothing stored");
+}
