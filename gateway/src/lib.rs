@@ -15,6 +15,7 @@ pub mod error;
 pub mod history;
 pub mod messages;
 pub mod notices;
+pub mod recovery;
 pub mod session;
 pub mod sessions;
 pub mod ws;
@@ -66,6 +67,16 @@ pub struct GatewayState {
     pub tracker: TaskTracker,
     /// Cancelled when the gateway drains: sessions send `reconnect` and close.
     pub shutdown: CancellationToken,
+    /// The current Redis epoch (see [`recovery`]).
+    pub epoch: std::sync::RwLock<String>,
+    /// Watermark reports of sessions, flushed to MySQL in batches.
+    pub marks: tokio::sync::mpsc::Sender<recovery::Mark>,
+}
+
+impl GatewayState {
+    pub fn epoch(&self) -> String {
+        self.epoch.read().expect("epoch").clone()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +121,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let waiters = Arc::new(SendWaiters::default());
     let subscriber = notices::subscribe(&cfg.redis_url, keys.node_channel(&cfg.node_id)).await?;
+    let epoch = recovery::current_epoch(&redis, &keys.epoch()).await?;
+    // Sized for a flush period's reports of many sessions; a full queue only delays W.
+    let (marks, marks_rx) = tokio::sync::mpsc::channel(65_536);
 
     let (listen, admin_listen) = (cfg.listen, cfg.admin_listen);
     let listener =
@@ -133,7 +147,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         sessions: sessions.clone(),
         tracker: tasks.clone(),
         shutdown: CancellationToken::new(),
+        epoch: std::sync::RwLock::new(epoch),
+        marks,
     }));
+    tasks.spawn(recovery::flush_watermarks(state.clone(), marks_rx, cancel.child_token()));
     let ready = Readiness::default();
     let listener_cancel = CancellationToken::new();
     tasks.spawn(notices::listen(subscriber, waiters, sessions, cancel.child_token()));
@@ -175,8 +192,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 async fn health_loop(state: AppState, ready: Readiness, cancel: CancellationToken) {
     loop {
         let db_ok = herald_shared::db::migrations_applied(&state.db).await;
-        let redis_ok = state.redis.next().ping::<String>(None).await.is_ok();
-        ready.set(db_ok && redis_ok);
+        let epoch = recovery::current_epoch(&state.redis, &state.keys.epoch()).await;
+        if let Ok(epoch) = &epoch {
+            if *epoch != state.epoch() {
+                *state.epoch.write().expect("epoch") = epoch.clone();
+            }
+        }
+        ready.set(db_ok && epoch.is_ok());
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}

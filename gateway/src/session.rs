@@ -59,6 +59,9 @@ pub struct Session {
     last_ping: Instant,
     probe: Option<Instant>,
     protocol_errors: u32,
+    /// The Redis epoch this session's pending set was checked against.
+    epoch: String,
+    last_mark: Instant,
 }
 
 enum Step {
@@ -90,6 +93,8 @@ impl Session {
             last_ping: now,
             probe: None,
             protocol_errors: 0,
+            epoch: String::new(),
+            last_mark: now,
         };
         session.serve().await;
     }
@@ -113,6 +118,7 @@ impl Session {
             .await;
         }
         st.sessions.unregister(&self.key, &self.id);
+        self.report_watermark().await;
         let presence = st.keys.presence(&self.claims.tid, &self.claims.sub);
         let value = format!("{}|{}", st.cfg.node_id, self.id);
         let _: Result<i64, _> =
@@ -144,6 +150,11 @@ impl Session {
                     .publish(st.keys.node_channel(node), serde_json::to_string(&kick).expect("serializes"))
                     .await?;
             }
+        }
+        self.epoch = st.epoch();
+        if let Err(e) = crate::recovery::ensure_pending(&st, &self.claims, &self.epoch).await {
+            tracing::warn!(error = %e, "pending set rebuild failed");
+            return Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "pending set rebuild failed"));
         }
         let pending: u64 = st.redis.next().zcard(self.pending_key()).await?;
         self.write(
@@ -241,7 +252,36 @@ impl Session {
         }
     }
 
+    /// Reports W for the MySQL flush (only while the pending set is trusted).
+    async fn report_watermark(&mut self) {
+        self.last_mark = Instant::now();
+        if let Ok(Some(w)) = crate::recovery::watermark(&self.state, &self.claims, &self.epoch).await {
+            let mark = crate::recovery::Mark {
+                tenant: self.claims.tid.clone(),
+                user: self.claims.sub.clone(),
+                device: self.claims.dev.clone(),
+                platform: self.claims.plat.as_str(),
+                watermark: w,
+            };
+            let _ = self.state.marks.try_send(mark);
+        }
+    }
+
     async fn on_tick(&mut self) -> Step {
+        let epoch = self.state.epoch();
+        if epoch != self.epoch {
+            // Redis lost its data: restore the pending set from MySQL, read it again.
+            match crate::recovery::ensure_pending(&self.state, &self.claims, &epoch).await {
+                Ok(_) => {
+                    self.epoch = epoch;
+                    self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };
+                }
+                Err(e) => tracing::warn!(error = %e, "pending set rebuild failed; retrying"),
+            }
+        }
+        if self.last_mark.elapsed() >= Duration::from_millis(self.state.cfg.gateway.watermark_flush_ms) {
+            self.report_watermark().await;
+        }
         let cfg = &self.state.cfg.gateway;
         let now = Instant::now();
         let idle_limit = Duration::from_millis(cfg.heartbeat_ms * 5 / 2);

@@ -89,6 +89,12 @@ pub struct GatewayConfig {
     pub realtime_queue: usize,
     /// How long a draining gateway spreads `reconnect` hints and waits for sessions.
     pub drain_ms: u64,
+    /// The device watermark stays this far behind "now": it must cover commit latency,
+    /// clock skew between processes and fan-out delays, or a rebuild after Redis data
+    /// loss could miss a message.
+    pub watermark_margin_ms: u64,
+    /// How often a session reports its watermark (flushed to MySQL in batches).
+    pub watermark_flush_ms: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -168,6 +174,8 @@ impl Config {
                 backlog_page_mobile: 50,
                 realtime_queue: 1_024,
                 drain_ms: 10_000,
+                watermark_margin_ms: 300_000,
+                watermark_flush_ms: 5_000,
             },
             worker: WorkerConfig {
                 batch_max: 512,
@@ -218,6 +226,8 @@ impl Config {
             "gateway.backlog_page_mobile" => self.gateway.backlog_page_mobile = num(v)?,
             "gateway.realtime_queue" => self.gateway.realtime_queue = num(v)?,
             "gateway.drain_ms" => self.gateway.drain_ms = num(v)?,
+            "gateway.watermark_margin_ms" => self.gateway.watermark_margin_ms = num(v)?,
+            "gateway.watermark_flush_ms" => self.gateway.watermark_flush_ms = num(v)?,
             "worker.batch_max" => self.worker.batch_max = num(v)?,
             "worker.batch_block_ms" => self.worker.batch_block_ms = num(v)?,
             "worker.lease_ttl_ms" => self.worker.lease_ttl_ms = num(v)?,

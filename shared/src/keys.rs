@@ -26,7 +26,8 @@ impl Keys {
         format!("{}:{{{tenant}:{user}}}:pend:{device}", self.prefix)
     }
 
-    /// HASH device -> platform of a user's registered devices.
+    /// HASH of a user's devices: `device` -> platform, and `epoch:{device}` -> the
+    /// Redis epoch in which the device's pending set was last known complete.
     pub fn devices(&self, tenant: &str, user: &str) -> String {
         format!("{}:{{{tenant}:{user}}}:devs", self.prefix)
     }

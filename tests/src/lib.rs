@@ -370,20 +370,30 @@ pub struct AutoDevice {
     pub sent: Shared<std::collections::HashMap<String, Seen>>,
     outbox: tokio::sync::mpsc::Sender<serde_json::Value>,
     pub closed: Shared<Option<Option<u16>>>,
+    /// Every frame other than `msg` and `sent`, in arrival order.
+    pub others: Shared<Vec<serde_json::Value>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl AutoDevice {
     pub async fn connect(base: &str, token: &str, user: &str, device: &str) -> AutoDevice {
+        Self::connect_soft(base, token, user, device).await.expect("websocket connects and says hello")
+    }
+
+    /// `None` when the gateway is unreachable or closes before `hello`.
+    pub async fn connect_soft(base: &str, token: &str, user: &str, device: &str) -> Option<AutoDevice> {
         use herald_shared::client::{WsClient, WsEvent};
-        let mut ws = WsClient::connect(base, token).await.expect("websocket connects");
+        let mut ws = WsClient::connect(base, token).await.ok()?;
         let hello = ws.next(Duration::from_secs(10)).await;
-        assert!(matches!(&hello, Some(WsEvent::Frame(f)) if f["t"] == "hello"), "first frame is hello: {hello:?}");
+        if !matches!(&hello, Some(WsEvent::Frame(f)) if f["t"] == "hello") {
+            return None;
+        }
         let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sent = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
         let closed = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let others = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (outbox, mut rx) = tokio::sync::mpsc::channel::<serde_json::Value>(1024);
-        let (r, s, cl) = (received.clone(), sent.clone(), closed.clone());
+        let (r, s, cl, o) = (received.clone(), sent.clone(), closed.clone(), others.clone());
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -404,7 +414,7 @@ impl AutoDevice {
                                     (f["conv"].as_str().unwrap().to_string(), f["seq"].as_u64().unwrap(), f["id"].as_str().unwrap().parse().unwrap()),
                                 );
                             }
-                            _ => {}
+                            _ => o.lock().unwrap().push(f),
                         },
                         Some(WsEvent::Closed(code)) => { *cl.lock().unwrap() = Some(code); break; }
                         None => {}
@@ -412,7 +422,7 @@ impl AutoDevice {
                 }
             }
         });
-        AutoDevice { user: user.into(), device: device.into(), received, sent, outbox, closed, task }
+        Some(AutoDevice { user: user.into(), device: device.into(), received, sent, outbox, closed, others, task })
     }
 
     pub async fn send(&self, cmid: &str, conv: &str, body: serde_json::Value) {
@@ -420,6 +430,15 @@ impl AutoDevice {
             .send(serde_json::json!({"t": "send", "cmid": cmid, "conv": conv, "body": body}))
             .await
             .expect("device running");
+    }
+
+    /// Ids received so far (repeats dropped).
+    pub fn ids(&self) -> std::collections::BTreeSet<u64> {
+        self.received.lock().unwrap().iter().map(|(_, _, id)| *id).collect()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.lock().unwrap().is_some()
     }
 
     pub async fn stop(self) {

@@ -1,0 +1,211 @@
+//! Delivery through faults: Redis data loss, half-open connections, gateway crashes and
+//! drains. Real processes are killed; nothing acknowledged may be lost.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use herald_shared::client::WsClient;
+use herald_tests::{eventually, AutoDevice, Cluster, RedisServer, TENANT};
+use serde_json::json;
+
+async fn all_ids(c: &Cluster) -> BTreeSet<u64> {
+    sqlx::query_scalar::<_, u64>("SELECT id FROM messages")
+        .fetch_all(&c.db().await)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Keeps one device connected (reconnecting to the next gateway whenever its session
+/// ends) until it has seen every id in `want`; returns how many frames were repeats.
+async fn receive_all(c: &Cluster, user: &str, device: &str, want: &BTreeSet<u64>, timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    let mut seen = BTreeSet::new();
+    let mut frames = 0;
+    let mut attempt = 0;
+    while Instant::now() < deadline {
+        let gw = attempt % c.gateways.len();
+        attempt += 1;
+        if c.gateways[gw].child.id().is_none() {
+            continue;
+        }
+        let d = AutoDevice::connect_soft(&c.gateways[gw].base_url(), &c.token(user, device), user, device).await;
+        let Some(d) = d else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        while Instant::now() < deadline && !d.is_closed() {
+            seen.extend(d.ids());
+            if want.is_subset(&seen) {
+                frames += d.received.lock().unwrap().len();
+                d.stop().await;
+                return frames - want.len();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seen.extend(d.ids());
+        frames += d.received.lock().unwrap().len();
+        d.stop().await;
+    }
+    panic!("{user}/{device} is missing {} of {} messages", want.difference(&seen).count(), want.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_data_loss_during_traffic_loses_nothing() {
+    let mut redis = RedisServer::start().await;
+    let mut c = Cluster::with_redis("redisloss", redis.url());
+    c.set("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1000")
+        .set("HERALD_GATEWAY__WATERMARK_FLUSH_MS", "300")
+        .set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "2000")
+        .set("HERALD_WORKER__LEASE_TTL_MS", "1500")
+        .set("HERALD_OUTBOX__FIXED_DELAY_MS", "200")
+        .set("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "1000")
+        .set("HERALD_OUTBOX__BACKOFF_MS", "300")
+        .set("HERALD_OUTBOX__MAX_ATTEMPTS", "100");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "late").register_device().await.unwrap();
+    let online = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "online"), "bob", "online").await;
+
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for t in 0..4 {
+        let (alice, acked) = (alice.clone(), acked.clone());
+        senders.push(tokio::spawn(async move {
+            for n in 0..75 {
+                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 400).await.expect("committed");
+                acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }));
+    }
+    eventually(Duration::from_secs(30), "a third acknowledged", || {
+        let n = acked.load(std::sync::atomic::Ordering::Relaxed);
+        async move { (n >= 100).then_some(()) }
+    })
+    .await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.restart().await;
+    for s in senders {
+        s.await.unwrap();
+    }
+    let want = all_ids(&c).await;
+    assert_eq!(want.len(), 300);
+    let before_loss = online.ids();
+    online.stop().await;
+    let repeats =
+        receive_all(&c, "bob", "online", &want.difference(&before_loss).copied().collect(), Duration::from_secs(40))
+            .await;
+    eprintln!("online device: {repeats} repeats on the wire");
+    receive_all(&c, "bob", "late", &want, Duration::from_secs(40)).await;
+    let _ = TENANT;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_connection_is_closed_and_unacked_messages_arrive_on_reconnect() {
+    let mut c = Cluster::new("halfopen");
+    c.set("HERALD_GATEWAY__HEARTBEAT_MS", "1000")
+        .set("HERALD_GATEWAY__NAT_IDLE_TIMEOUT_MS", "3000")
+        .set("HERALD_GATEWAY__ACK_TIMEOUT_MS", "1000")
+        .set("HERALD_GATEWAY__ACK_PROBE_MS", "1000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    // bob connects, then stops reading and acking without closing: no pongs either.
+    let mut silent = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "b1")).await.unwrap();
+    silent.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    let started = Instant::now();
+    for n in 0..5 {
+        alice.send(&format!("m{n}"), "ab", &json!({"n": n})).await.unwrap();
+    }
+    let redis = c.redis().await;
+    let presence = c.keys().presence(TENANT, "bob");
+    eventually(Duration::from_secs(10), "the server closes the half-open session", || {
+        let (redis, presence) = (redis.clone(), presence.clone());
+        async move {
+            let v: Option<String> = fred::prelude::HashesInterface::hget(&redis, presence, "b1").await.ok()?;
+            v.is_none().then_some(())
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    // heartbeat (1 s) + ack timeout (1 s) + probe (1 s), with a tick of slack each.
+    assert!(took < Duration::from_secs(7), "closed after {took:?}");
+    drop(silent);
+    let want = all_ids(&c).await;
+    assert_eq!(want.len(), 5);
+    receive_all(&c, "bob", "b1", &want, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateway_sigkill_and_sigterm_move_devices_without_loss() {
+    let mut c = Cluster::new("gwkill");
+    c.set("HERALD_GATEWAY__DRAIN_MS", "1000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    let members: Vec<String> = (0..50).map(|i| format!("u{i:02}")).collect();
+    let refs: Vec<&str> = members.iter().map(String::as_str).collect();
+    c.client(2, "u00", "x").create_conversation(Some("all"), "group", &refs).await.unwrap();
+    // 100 devices on gateway 0.
+    let mut devices = Vec::new();
+    for m in &members {
+        for d in ["p", "q"] {
+            devices.push(AutoDevice::connect(&c.gateways[0].base_url(), &c.token(m, d), m, d).await);
+        }
+    }
+    let sender = c.client(2, "u00", "sender");
+    let traffic = tokio::spawn(async move {
+        for n in 0..60 {
+            sender.send_until_committed(&format!("k{n}"), "all", &json!({"n": n}), 100).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.gateways[0].kill().await;
+    traffic.await.unwrap();
+    let want = all_ids(&c).await;
+    assert_eq!(want.len(), 60);
+    for d in devices.drain(..) {
+        let (u, dev, before) = (d.user.clone(), d.device.clone(), d.ids());
+        d.stop().await;
+        let rest: BTreeSet<u64> = want.difference(&before).copied().collect();
+        if !rest.is_empty() {
+            receive_all(&c, &u, &dev, &rest, Duration::from_secs(30)).await;
+        }
+    }
+
+    // SIGTERM: clients on gateway 1 get `reconnect`, then 4003.
+    let mut moved = Vec::new();
+    for m in members.iter().take(10) {
+        moved.push(AutoDevice::connect(&c.gateways[1].base_url(), &c.token(m, "p"), m, "p").await);
+    }
+    let pid = c.gateways[1].pid();
+    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    for d in &moved {
+        let (closed, others) = (d.closed.clone(), d.others.clone());
+        eventually(Duration::from_secs(10), "drained sessions get reconnect and 4003", || {
+            let code = *closed.lock().unwrap();
+            let reconnect = others.lock().unwrap().iter().any(|f| f["t"] == "reconnect" && f["after_ms"].is_u64());
+            async move { (code == Some(Some(4003)) && reconnect).then_some(()) }
+        })
+        .await;
+    }
+    let earlier = all_ids(&c).await;
+    let after = c.client(2, "u01", "late-sender");
+    for n in 0..5 {
+        after.send(&format!("z{n}"), "all", &json!({})).await.unwrap();
+    }
+    let new: BTreeSet<u64> = all_ids(&c).await.difference(&earlier).copied().collect();
+    assert_eq!(new.len(), 5);
+    for d in moved {
+        let (u, dev) = (d.user.clone(), d.device.clone());
+        d.stop().await;
+        receive_all(&c, &u, &dev, &new, Duration::from_secs(30)).await;
+    }
+}
