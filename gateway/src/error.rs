@@ -8,11 +8,20 @@ use herald_shared::ops::error_response;
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+    /// For `rate_limited`: when to try again.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into() }
+        ApiError { code, message: message.into(), retry_after: None }
+    }
+    pub fn rate_limited(wait: std::time::Duration) -> Self {
+        ApiError {
+            code: ErrorCode::RateLimited,
+            message: "too many requests; retry later".into(),
+            retry_after: Some(wait),
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::BadRequest, message)
@@ -46,7 +55,12 @@ impl From<fred::error::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        error_response(self.code, self.message)
+        let mut resp = error_response(self.code, self.message);
+        if let Some(wait) = self.retry_after {
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }
 

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod conversations;
 pub mod error;
 pub mod history;
+pub mod limits;
 pub mod messages;
 pub mod notices;
 pub mod recovery;
@@ -71,6 +72,7 @@ pub struct GatewayState {
     pub epoch: std::sync::RwLock<String>,
     /// Watermark reports of sessions, flushed to MySQL in batches.
     pub marks: tokio::sync::mpsc::Sender<recovery::Mark>,
+    pub limits: limits::NodeLimits,
 }
 
 impl GatewayState {
@@ -137,6 +139,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let tasks = TaskTracker::new();
     let sessions = Arc::new(SessionRegistry::default());
     let drain_ms = cfg.gateway.drain_ms;
+    let cfg_gateway = cfg.gateway.clone();
     let state = AppState(Arc::new(GatewayState {
         cfg,
         db,
@@ -149,6 +152,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         shutdown: CancellationToken::new(),
         epoch: std::sync::RwLock::new(epoch),
         marks,
+        limits: limits::NodeLimits::new(&cfg_gateway),
     }));
     tasks.spawn(recovery::flush_watermarks(state.clone(), marks_rx, cancel.child_token()));
     let ready = Readiness::default();
@@ -199,6 +203,7 @@ async fn health_loop(state: AppState, ready: Readiness, cancel: CancellationToke
             }
         }
         ready.set(db_ok && epoch.is_ok());
+        state.limits.http_sends.retain_recent();
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}

@@ -103,6 +103,10 @@ pub async fn send(State(state): State<AppState>, Caller(c): Caller, body: Bytes)
     let started = std::time::Instant::now();
     let req: SendRequest = parse_json(&body)?;
     validate_send(&state, &req.cmid, &req.conv, &req.body)?;
+    if let Err(wait) = state.limits.http_send(&(c.tid.clone(), c.sub.clone(), c.dev.clone())) {
+        metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
+        return Err(ApiError::rate_limited(wait));
+    }
     let result = submit(&state, &c, req.cmid, req.conv, req.body.get().to_owned()).await?;
     metrics::histogram!("herald_send_ack_seconds", "transport" => "http").record(started.elapsed().as_secs_f64());
     Ok(Json(result))

@@ -22,7 +22,7 @@ use herald_shared::protocol::{ClientFrame, SendResult};
 use serde_json::json;
 
 use crate::sessions::{Control, DeviceKey, Push};
-use crate::ws::{CLOSE_DRAINING, CLOSE_HEARTBEAT, CLOSE_PROTOCOL, CLOSE_REPLACED};
+use crate::ws::{CLOSE_DRAINING, CLOSE_HEARTBEAT, CLOSE_POLICY, CLOSE_PROTOCOL, CLOSE_REPLACED};
 use crate::AppState;
 
 /// Sets the device's presence, returning what was there before.
@@ -62,7 +62,15 @@ pub struct Session {
     /// The Redis epoch this session's pending set was checked against.
     epoch: String,
     last_mark: Instant,
+    backlog_bucket: governor::DefaultDirectRateLimiter,
+    send_bucket: governor::DefaultDirectRateLimiter,
+    /// The backlog waits for tokens until then; realtime keeps flowing meanwhile.
+    backlog_resume: Option<tokio::time::Instant>,
+    rate_limited: u32,
 }
+
+/// Rate-limited requests tolerated before the connection is closed with 4008.
+const MAX_RATE_LIMITED: u32 = 100;
 
 enum Step {
     Continue,
@@ -73,10 +81,13 @@ impl Session {
     pub async fn run(state: AppState, claims: Claims, socket: WebSocket) {
         let id = format!("{}-{:016x}", state.cfg.node_id, rand::random::<u64>());
         let key: DeviceKey = (claims.tid.clone(), claims.sub.clone(), claims.dev.clone());
-        let page_size = match claims.plat {
-            Platform::Ios | Platform::Android => state.cfg.gateway.backlog_page_mobile,
-            _ => state.cfg.gateway.backlog_page_desktop,
+        let g = &state.cfg.gateway;
+        let (page_size, backlog_rate) = match claims.plat {
+            Platform::Ios | Platform::Android => (g.backlog_page_mobile, g.backlog_rate_mobile),
+            _ => (g.backlog_page_desktop, g.backlog_rate_desktop),
         };
+        let backlog_bucket = crate::limits::bucket(backlog_rate, (page_size as u32).max(backlog_rate / 10));
+        let send_bucket = crate::limits::bucket(g.send_rate, g.send_burst);
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
         let _enter = span.enter();
         let now = Instant::now();
@@ -95,6 +106,10 @@ impl Session {
             protocol_errors: 0,
             epoch: String::new(),
             last_mark: now,
+            backlog_bucket,
+            send_bucket,
+            backlog_resume: None,
+            rate_limited: 0,
         };
         session.serve().await;
     }
@@ -190,13 +205,19 @@ impl Session {
                 // Dropped pushes are still pending in Redis: read the set again.
                 self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };
             }
-            if !self.backlog.done && self.backlog.outstanding.is_empty() && self.inflight.len() < cfg.inflight_window {
+            let paced = self.backlog_resume.is_some_and(|t| t > tokio::time::Instant::now());
+            if !paced
+                && !self.backlog.done
+                && self.backlog.outstanding.is_empty()
+                && self.inflight.len() < cfg.inflight_window
+            {
                 if let Err(e) = self.next_backlog_page(cfg.inflight_window - self.inflight.len()).await {
                     tracing::warn!(error = %e, "backlog read failed");
                     return Step::Close(1011, "dependency unavailable");
                 }
             }
             let window_open = self.inflight.len() < cfg.inflight_window;
+            let resume = self.backlog_resume.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return self.drain(cfg.drain_ms).await,
@@ -237,6 +258,9 @@ impl Session {
                     if let Step::Close(code, reason) = self.on_tick().await {
                         return Step::Close(code, reason);
                     }
+                }
+                _ = tokio::time::sleep_until(resume), if self.backlog_resume.is_some() => {
+                    self.backlog_resume = None;
                 }
             }
         }
@@ -364,6 +388,17 @@ impl Session {
                     self.error_frame(e.code, &e.message, Some(s.cmid)).await;
                     return Step::Continue;
                 }
+                if let Err(wait) = crate::limits::take(&self.send_bucket, 1) {
+                    metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
+                    let f = json!({"t": "error", "code": "rate_limited", "message": "too many sends; retry later",
+                        "ref": s.cmid, "retry_after_ms": wait.as_millis().max(1) as u64});
+                    self.write(f.to_string()).await;
+                    self.rate_limited += 1;
+                    if self.rate_limited >= MAX_RATE_LIMITED {
+                        return Step::Close(CLOSE_POLICY, "rate limits exceeded repeatedly");
+                    }
+                    return Step::Continue;
+                }
                 let started = Instant::now();
                 // Enqueued here, in arrival order; the commit is awaited elsewhere.
                 match crate::messages::enqueue(
@@ -448,6 +483,15 @@ impl Session {
             return Ok(());
         }
         let want = self.page_size.min(room).max(1);
+        // Pace: the device's bucket, then the node's (a login storm must not starve it).
+        let wait = crate::limits::take(&self.backlog_bucket, want)
+            .err()
+            .or_else(|| crate::limits::take(&self.state.limits.backlog, want).err());
+        if let Some(wait) = wait {
+            metrics::counter!("herald_backlog_throttled_total").increment(1);
+            self.backlog_resume = Some(tokio::time::Instant::now() + wait);
+            return Ok(());
+        }
         let min = if self.backlog.cursor == MsgId(0) { f64::NEG_INFINITY } else { self.backlog.cursor.score() };
         // Ids above 2^53 can share a score with the cursor: read extra and compare exactly.
         let members: Vec<String> = self

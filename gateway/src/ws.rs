@@ -21,6 +21,8 @@ pub const CLOSE_REPLACED: u16 = 4002;
 pub const CLOSE_DRAINING: u16 = 4003;
 pub const CLOSE_POLICY: u16 = 4008;
 pub const CLOSE_PROTOCOL: u16 = 4009;
+/// RFC 6455 "try again later": admission refused in a login storm.
+pub const CLOSE_TRY_AGAIN: u16 = 1013;
 
 /// The raw request parts, for reading the token ourselves.
 pub struct RawParts(Parts);
@@ -46,6 +48,18 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
         .ok_or("missing token".to_string())
         .and_then(|t| verify(&t, state.cfg.jwt_secret.0.as_bytes()).map_err(|e| e.to_string()));
     let tracker = state.tracker.clone();
+    if let Err(wait) = crate::limits::take(&state.limits.admission, 1) {
+        // A login storm: refuse politely, with a jittered hint, so retries spread out.
+        metrics::counter!("herald_rate_limited_total", "what" => "connect").increment(1);
+        let retry = crate::limits::jittered(wait).as_millis() as u64;
+        return ws.on_upgrade(move |mut socket| {
+            tracker.track_future(async move {
+                let f = serde_json::json!({"t": "error", "code": "rate_limited", "message": "too many connections; retry later", "retry_after_ms": retry});
+                let _ = socket.send(Message::Text(f.to_string().into())).await;
+                close_now(socket, CLOSE_TRY_AGAIN, "retry later".into()).await
+            })
+        });
+    }
     match claims {
         Err(reason) => ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, CLOSE_UNAUTHORIZED, reason))),
         Ok(claims) => {

@@ -111,8 +111,8 @@ impl HttpClient {
         Ok(self.call(self.http.post(format!("{}/v1/messages", self.base)).json(&req)).await?.1)
     }
 
-    /// Sends, retrying with the same `cmid` while the server says `unavailable`
-    /// (PROTOCOL.md section 4.1).
+    /// Sends, retrying with the same `cmid` while the server says `unavailable` or
+    /// `rate_limited` (PROTOCOL.md section 4.1).
     pub async fn send_until_committed(
         &self,
         cmid: &str,
@@ -124,7 +124,10 @@ impl HttpClient {
         for attempt in 0..attempts {
             match self.send(cmid, conv, body).await {
                 Ok(r) => return Ok(r),
-                Err(e) if e.code() == Some(ErrorCode::Unavailable) || matches!(e, ClientError::Transport(_)) => {
+                Err(e)
+                    if matches!(e.code(), Some(ErrorCode::Unavailable) | Some(ErrorCode::RateLimited))
+                        || matches!(e, ClientError::Transport(_)) =>
+                {
                     last = Some(e);
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt + 1).min(10))).await;
                 }

@@ -95,6 +95,17 @@ pub struct GatewayConfig {
     pub watermark_margin_ms: u64,
     /// How often a session reports its watermark (flushed to MySQL in batches).
     pub watermark_flush_ms: u64,
+    /// Backlog messages per second per device (desktop/web/server, mobile) and for the
+    /// whole node (protects it in a login storm).
+    pub backlog_rate_desktop: u32,
+    pub backlog_rate_mobile: u32,
+    pub backlog_rate_node: u32,
+    /// Sends per second per device, and the burst allowed above it.
+    pub send_rate: u32,
+    pub send_burst: u32,
+    /// New WebSocket sessions per second on this node, and the burst.
+    pub admission_rate: u32,
+    pub admission_burst: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -176,6 +187,13 @@ impl Config {
                 drain_ms: 10_000,
                 watermark_margin_ms: 300_000,
                 watermark_flush_ms: 5_000,
+                backlog_rate_desktop: 4_000,
+                backlog_rate_mobile: 1_000,
+                backlog_rate_node: 100_000,
+                send_rate: 50,
+                send_burst: 200,
+                admission_rate: 2_000,
+                admission_burst: 500,
             },
             worker: WorkerConfig {
                 batch_max: 512,
@@ -228,6 +246,13 @@ impl Config {
             "gateway.drain_ms" => self.gateway.drain_ms = num(v)?,
             "gateway.watermark_margin_ms" => self.gateway.watermark_margin_ms = num(v)?,
             "gateway.watermark_flush_ms" => self.gateway.watermark_flush_ms = num(v)?,
+            "gateway.backlog_rate_desktop" => self.gateway.backlog_rate_desktop = num(v)?,
+            "gateway.backlog_rate_mobile" => self.gateway.backlog_rate_mobile = num(v)?,
+            "gateway.backlog_rate_node" => self.gateway.backlog_rate_node = num(v)?,
+            "gateway.send_rate" => self.gateway.send_rate = num(v)?,
+            "gateway.send_burst" => self.gateway.send_burst = num(v)?,
+            "gateway.admission_rate" => self.gateway.admission_rate = num(v)?,
+            "gateway.admission_burst" => self.gateway.admission_burst = num(v)?,
             "worker.batch_max" => self.worker.batch_max = num(v)?,
             "worker.batch_block_ms" => self.worker.batch_block_ms = num(v)?,
             "worker.lease_ttl_ms" => self.worker.lease_ttl_ms = num(v)?,
@@ -288,6 +313,20 @@ impl Config {
         }
         if self.gateway.ack_timeout_ms == 0 || self.gateway.ack_probe_ms == 0 {
             bad("gateway.ack_timeout_ms", "ack_timeout_ms and ack_probe_ms must be positive");
+        }
+        let g = &self.gateway;
+        for (key, v) in [
+            ("gateway.backlog_rate_desktop", g.backlog_rate_desktop),
+            ("gateway.backlog_rate_mobile", g.backlog_rate_mobile),
+            ("gateway.backlog_rate_node", g.backlog_rate_node),
+            ("gateway.send_rate", g.send_rate),
+            ("gateway.send_burst", g.send_burst),
+            ("gateway.admission_rate", g.admission_rate),
+            ("gateway.admission_burst", g.admission_burst),
+        ] {
+            if v == 0 {
+                bad(key, "must be positive");
+            }
         }
         if self.gateway.max_group_size < 2 {
             bad("gateway.max_group_size", "must be at least 2");

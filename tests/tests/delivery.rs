@@ -108,7 +108,12 @@ async fn devices_on_two_gateways_receive_every_message_in_order() {
 async fn offline_device_drains_its_backlog_in_pages() {
     let mut c = Cluster::new("backlog");
     c.start_worker(&[]).await;
-    c.start_gateway(&[("HERALD_GATEWAY__BACKLOG_PAGE_MOBILE", "50")]).await;
+    c.start_gateway(&[
+        ("HERALD_GATEWAY__BACKLOG_PAGE_MOBILE", "50"),
+        ("HERALD_GATEWAY__SEND_RATE", "100000"),
+        ("HERALD_GATEWAY__SEND_BURST", "100000"),
+    ])
+    .await;
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "phone").register_device().await.unwrap();
