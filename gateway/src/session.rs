@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use fred::interfaces::{KeysInterface, SortedSetsInterface};
+use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
 use fred::prelude::*;
 use herald_shared::auth::{Claims, Platform};
 use herald_shared::error::ErrorCode;
@@ -166,6 +166,8 @@ impl Session {
                     .await?;
             }
         }
+        // The device registry in Redis (MySQL's devices table stays the truth).
+        let _: i64 = st.redis.next().hset(st.keys.devices(&self.claims.tid, &self.claims.sub), (self.claims.dev.as_str(), self.claims.plat.as_str())).await?;
         self.epoch = st.epoch();
         if let Err(e) = crate::recovery::ensure_pending(&st, &self.claims, &self.epoch).await {
             tracing::warn!(error = %e, "pending set rebuild failed");

@@ -253,3 +253,58 @@ async fn websocket_refusals_and_protocol_errors() {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&c.db().await).await.unwrap();
     assert_eq!(n, 0, "nothing stored");
 }
+
+/// Pull is the backstop: the `sync` frame, `GET /v1/conversations/{id}/messages` and
+/// `GET /v1/sync` read MySQL, within the caller's membership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_sync_read_the_database_within_membership() {
+    let mut c = Cluster::new("history");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("g"), "group", &["alice", "bob"]).await.unwrap();
+    alice.create_conversation(Some("h"), "group", &["alice", "carol"]).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(alice.send(&format!("g{n}"), "g", &json!({"n": n})).await.unwrap().id);
+    }
+    alice.send("h0", "h", &json!({})).await.unwrap();
+    // dan joins g at seq 5: sees nothing before.
+    alice.change_members("g", &["dan"], &[]).await.unwrap();
+    let late = alice.send("g5", "g", &json!({"n": 5})).await.unwrap();
+
+    let http = reqwest::Client::new();
+    let get = |path: String, user: &str| {
+        let token = c.token(user, "x");
+        let http = http.clone();
+        let url = format!("{}{path}", c.gateways[0].base_url());
+        async move { http.get(url).bearer_auth(token).send().await.unwrap() }
+    };
+    let page: serde_json::Value = get("/v1/conversations/g/messages?after_seq=2&limit=2".into(), "bob").await.json().await.unwrap();
+    let seqs: Vec<u64> = page["items"].as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    assert_eq!((seqs, page["more"].as_bool()), (vec![3, 4], Some(true)));
+    assert_eq!(page["items"][0]["id"], ids[2].to_string(), "ids are strings");
+    let dan: serde_json::Value = get("/v1/conversations/g/messages".into(), "dan").await.json().await.unwrap();
+    let seqs: Vec<u64> = dan["items"].as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, vec![6], "a joiner sees only what came after it joined");
+    assert_eq!(get("/v1/conversations/h/messages".into(), "bob").await.status(), 403);
+    assert_eq!(get("/v1/conversations/zzz/messages".into(), "bob").await.status(), 404);
+
+    let sync: serde_json::Value = get(format!("/v1/sync?after={}&limit=100", ids[0]), "bob").await.json().await.unwrap();
+    let got: Vec<String> = sync["items"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    let mut want: Vec<String> = ids[1..].iter().map(|i| i.to_string()).collect();
+    want.push(late.id.to_string());
+    assert_eq!(got, want, "bob's sync: his conversations only, in id order");
+    assert_eq!(get("/v1/sync?after=abc".into(), "bob").await.status(), 400);
+
+    let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "b1")).await.unwrap();
+    ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    ws.send(&json!({"t": "sync", "conv": "g", "after_seq": 4, "limit": 10, "ref": "r1"})).await.unwrap();
+    let h = ws.next_of("history", Duration::from_secs(5)).await.unwrap();
+    assert_eq!((h["conv"].as_str(), h["ref"].as_str(), h["more"].as_bool()), (Some("g"), Some("r1"), Some(false)));
+    let seqs: Vec<u64> = h["items"].as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, vec![5, 6]);
+    ws.send(&json!({"t": "sync", "conv": "h", "ref": "r2"})).await.unwrap();
+    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
+    assert_eq!((e["code"].as_str(), e["ref"].as_str()), (Some("forbidden"), Some("r2")));
+}
