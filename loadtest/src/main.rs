@@ -5,6 +5,11 @@
 //!   (secret from `HERALD_JWT_SECRET` or `--secret`).
 //! - `sends [options]`: durable sends over HTTP, closed loop; prints throughput and
 //!   send-ack latency percentiles, with a progress line every second.
+//! - `deliver [options]`: receivers on WebSocket acking every message, senders into
+//!   groups; deliveries+acks per second, delivery latency (send to receipt), then a
+//!   backlog phase (all receivers offline, then reconnecting at once): drain time.
+//! - `idle --gateway-pid PID [--connections N]`: idle WebSocket sessions and the
+//!   gateway's resident memory per connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +22,9 @@ use herald_shared::auth::Platform;
 use herald_shared::client::{token, ClientError, HttpClient};
 use serde_json::json;
 
-struct Args(HashMap<String, String>);
+mod scenarios;
+
+pub struct Args(HashMap<String, String>);
 
 impl Args {
     fn parse(argv: &[String]) -> Result<(String, Args)> {
@@ -32,18 +39,18 @@ impl Args {
         Ok((cmd, Args(map)))
     }
 
-    fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T> {
+    pub fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T> {
         match self.0.get(name) {
             None => Ok(default),
             Some(v) => v.parse().map_err(|_| anyhow::anyhow!("--{name}: cannot parse {v:?}")),
         }
     }
 
-    fn text(&self, name: &str, default: &str) -> String {
+    pub fn text(&self, name: &str, default: &str) -> String {
         self.0.get(name).cloned().unwrap_or_else(|| default.to_string())
     }
 
-    fn secret(&self) -> Result<String> {
+    pub fn secret(&self) -> Result<String> {
         self.0
             .get("secret")
             .cloned()
@@ -55,7 +62,9 @@ impl Args {
 const USAGE: &str = "usage:
   herald-loadtest token --user U --device D [--tenant acme] [--platform ios] [--secret S]
   herald-loadtest sends [--gateways http://127.0.0.1:8080,...] [--tenant bench] [--conversations 200]
-                        [--senders 200] [--duration 20] [--payload 100] [--secret S] [--json FILE]";
+                        [--senders 200] [--duration 20] [--payload 100] [--secret S] [--json FILE]
+  herald-loadtest deliver [--gateways ...] [--receivers 1000] [--group 10] [--duration 20] [--backlog 50] [--json FILE]
+  herald-loadtest idle --gateway-pid PID [--gateways ...] [--connections 10000] [--json FILE]";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -70,6 +79,8 @@ async fn main() -> Result<()> {
             Ok(())
         }
         "sends" => sends(&args).await,
+        "deliver" => scenarios::deliver(&args).await,
+        "idle" => scenarios::idle(&args).await,
         _ => {
             eprintln!("{USAGE}");
             std::process::exit(2);
