@@ -67,7 +67,14 @@ pub struct Session {
     /// The backlog waits for tokens until then; realtime keeps flowing meanwhile.
     backlog_resume: Option<tokio::time::Instant>,
     rate_limited: u32,
+    /// Acked ids not yet removed from the pending set, and when they will be.
+    acks: Vec<MsgId>,
+    ack_flush_at: Option<tokio::time::Instant>,
 }
+
+/// How long acks wait to be removed together; a crash in between only repeats pushes.
+const ACK_FLUSH: Duration = Duration::from_millis(5);
+const ACK_BATCH: usize = 512;
 
 /// Rate-limited requests tolerated before the connection is closed with 4008.
 const MAX_RATE_LIMITED: u32 = 100;
@@ -110,6 +117,8 @@ impl Session {
             send_bucket,
             backlog_resume: None,
             rate_limited: 0,
+            acks: Vec::new(),
+            ack_flush_at: None,
         };
         session.serve().await;
     }
@@ -133,6 +142,9 @@ impl Session {
             .await;
         }
         st.sessions.unregister(&self.key, &self.id);
+        if let Err(e) = self.flush_acks().await {
+            tracing::warn!(error = %e, "final acks could not be recorded; those messages will be pushed again");
+        }
         self.report_watermark().await;
         let presence = st.keys.presence(&self.claims.tid, &self.claims.sub);
         let value = format!("{}|{}", st.cfg.node_id, self.id);
@@ -167,7 +179,14 @@ impl Session {
             }
         }
         // The device registry in Redis (MySQL's devices table stays the truth).
-        let _: i64 = st.redis.next().hset(st.keys.devices(&self.claims.tid, &self.claims.sub), (self.claims.dev.as_str(), self.claims.plat.as_str())).await?;
+        let _: i64 = st
+            .redis
+            .next()
+            .hset(
+                st.keys.devices(&self.claims.tid, &self.claims.sub),
+                (self.claims.dev.as_str(), self.claims.plat.as_str()),
+            )
+            .await?;
         self.epoch = st.epoch();
         if let Err(e) = crate::recovery::ensure_pending(&st, &self.claims, &self.epoch).await {
             tracing::warn!(error = %e, "pending set rebuild failed");
@@ -263,6 +282,12 @@ impl Session {
                 }
                 _ = tokio::time::sleep_until(resume), if self.backlog_resume.is_some() => {
                     self.backlog_resume = None;
+                }
+                _ = tokio::time::sleep_until(self.ack_flush_at.unwrap_or(resume)), if self.ack_flush_at.is_some() => {
+                    if let Err(e) = self.flush_acks().await {
+                        tracing::warn!(error = %e, "acks could not be recorded");
+                        self.error_frame(ErrorCode::Unavailable, "ack not recorded; ack again", None).await;
+                    }
                 }
             }
         }
@@ -453,12 +478,12 @@ impl Session {
     }
 
     /// Acked ids leave the pending set; this is the only way they leave it.
+    /// Acks are applied to the session at once and to the pending set in batches: one
+    /// ZREM per `ACK_FLUSH` (or per `ACK_BATCH` ids) instead of one per ack frame.
     async fn on_ack(&mut self, ids: Vec<MsgId>) -> Result<(), fred::error::Error> {
         if ids.is_empty() {
             return Ok(());
         }
-        let members: Vec<String> = ids.iter().map(|i| i.member()).collect();
-        let _: i64 = self.state.redis.next().zrem(self.pending_key(), members).await?;
         for id in &ids {
             self.inflight.remove(id);
             if self.backlog.outstanding.remove(id) {
@@ -466,9 +491,29 @@ impl Session {
             }
         }
         metrics::counter!("herald_acks_total").increment(ids.len() as u64);
-        if !self.backlog.done && self.backlog.outstanding.is_empty() && self.backlog.cursor == MsgId(u64::MAX) {
+        self.acks.extend(ids);
+        let finishing =
+            !self.backlog.done && self.backlog.outstanding.is_empty() && self.backlog.cursor == MsgId(u64::MAX);
+        if finishing || self.acks.len() >= ACK_BATCH {
+            self.flush_acks().await?;
+        } else if self.ack_flush_at.is_none() {
+            self.ack_flush_at = Some(tokio::time::Instant::now() + ACK_FLUSH);
+        }
+        if finishing {
+            // `caught_up` promises the backlog is acked: only after the ZREM landed.
             self.finish_backlog().await;
         }
+        Ok(())
+    }
+
+    /// Removes the acked ids from the pending set; this is the only way they leave it.
+    async fn flush_acks(&mut self) -> Result<(), fred::error::Error> {
+        self.ack_flush_at = None;
+        if self.acks.is_empty() {
+            return Ok(());
+        }
+        let members: Vec<String> = self.acks.drain(..).map(|i| i.member()).collect();
+        let _: i64 = self.state.redis.next().zrem(self.pending_key(), members).await?;
         Ok(())
     }
 

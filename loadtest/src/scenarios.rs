@@ -30,7 +30,13 @@ struct Tally {
 }
 
 /// One receiving device: acks every `msg` at once; records send-to-receipt latency.
-async fn receiver(base: String, tok: String, tally: Arc<Tally>, latency: Arc<Mutex<Histogram<u64>>>, stop: Arc<AtomicBool>) -> Result<()> {
+async fn receiver(
+    base: String,
+    tok: String,
+    tally: Arc<Tally>,
+    latency: Arc<Mutex<Histogram<u64>>>,
+    stop: Arc<AtomicBool>,
+) -> Result<()> {
     let mut ws = WsClient::connect(&base, &tok).await.context("connect")?;
     let mut local = histogram();
     while !stop.load(Ordering::Relaxed) {
@@ -75,7 +81,13 @@ pub async fn deliver(args: &Args) -> Result<()> {
     let run = format!("{:x}", now_ms());
     let groups = receivers.div_ceil(group);
     let http = reqwest::Client::builder().pool_max_idle_per_host(groups + 16).build()?;
-    let sender_of = |g: usize| HttpClient::with_http(http.clone(), gateways[g % gateways.len()].clone(), token(&secret, &tenant, &format!("{run}-s{g}"), "d", Platform::Server));
+    let sender_of = |g: usize| {
+        HttpClient::with_http(
+            http.clone(),
+            gateways[g % gateways.len()].clone(),
+            token(&secret, &tenant, &format!("{run}-s{g}"), "d", Platform::Server),
+        )
+    };
     let member = |i: usize| format!("{run}-r{i}");
 
     eprintln!("provisioning {groups} groups of {group} receivers (+1 sender each) ...");
@@ -89,7 +101,15 @@ pub async fn deliver(args: &Args) -> Result<()> {
 
     let connect_all = |tally: Arc<Tally>, latency: Arc<Mutex<Histogram<u64>>>, stop: Arc<AtomicBool>| {
         (0..receivers)
-            .map(|i| tokio::spawn(receiver(gateways[i % gateways.len()].clone(), tok(i), tally.clone(), latency.clone(), stop.clone())))
+            .map(|i| {
+                tokio::spawn(receiver(
+                    gateways[i % gateways.len()].clone(),
+                    tok(i),
+                    tally.clone(),
+                    latency.clone(),
+                    stop.clone(),
+                ))
+            })
             .collect::<Vec<_>>()
     };
 
@@ -177,7 +197,8 @@ pub async fn deliver(args: &Args) -> Result<()> {
             let _ = t.await?;
         }
         eprintln!("backlog of {expected} drained in {drain:.2} s ({got} delivered)");
-        backlog_report = json!({"messages": expected, "delivered": got, "drain_s": drain, "rate_msg_s": got as f64 / drain});
+        backlog_report =
+            json!({"messages": expected, "delivered": got, "drain_s": drain, "rate_msg_s": got as f64 / drain});
     }
 
     let summary = json!({

@@ -280,7 +280,8 @@ async fn history_and_sync_read_the_database_within_membership() {
         let url = format!("{}{path}", c.gateways[0].base_url());
         async move { http.get(url).bearer_auth(token).send().await.unwrap() }
     };
-    let page: serde_json::Value = get("/v1/conversations/g/messages?after_seq=2&limit=2".into(), "bob").await.json().await.unwrap();
+    let page: serde_json::Value =
+        get("/v1/conversations/g/messages?after_seq=2&limit=2".into(), "bob").await.json().await.unwrap();
     let seqs: Vec<u64> = page["items"].as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()).collect();
     assert_eq!((seqs, page["more"].as_bool()), (vec![3, 4], Some(true)));
     assert_eq!(page["items"][0]["id"], ids[2].to_string(), "ids are strings");
@@ -290,8 +291,10 @@ async fn history_and_sync_read_the_database_within_membership() {
     assert_eq!(get("/v1/conversations/h/messages".into(), "bob").await.status(), 403);
     assert_eq!(get("/v1/conversations/zzz/messages".into(), "bob").await.status(), 404);
 
-    let sync: serde_json::Value = get(format!("/v1/sync?after={}&limit=100", ids[0]), "bob").await.json().await.unwrap();
-    let got: Vec<String> = sync["items"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    let sync: serde_json::Value =
+        get(format!("/v1/sync?after={}&limit=100", ids[0]), "bob").await.json().await.unwrap();
+    let got: Vec<String> =
+        sync["items"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
     let mut want: Vec<String> = ids[1..].iter().map(|i| i.to_string()).collect();
     want.push(late.id.to_string());
     assert_eq!(got, want, "bob's sync: his conversations only, in id order");
