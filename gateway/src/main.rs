@@ -22,19 +22,11 @@ async fn main() -> ExitCode {
     for var in &cli.ignored_env {
         tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
     }
-    match herald_gateway::run(cfg, shutdown_signal()).await {
+    match herald_gateway::run(cfg, herald_shared::telemetry::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("herald-gateway: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

@@ -20,3 +20,19 @@ pub fn init_metrics() -> PrometheusHandle {
     let _ = metrics::set_global_recorder(recorder);
     handle
 }
+
+/// Completes on SIGTERM or Ctrl-C: the shutdown future every binary hands to `run`.
+pub async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops this process");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

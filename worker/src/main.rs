@@ -19,7 +19,7 @@ async fn main() -> ExitCode {
         tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
     }
     let result = match cli.args.first().map(String::as_str) {
-        None | Some("run") => herald_worker::run(cfg, shutdown_signal()).await,
+        None | Some("run") => herald_worker::run(cfg, herald_shared::telemetry::shutdown_signal()).await,
         Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),
         Some(other) => {
             eprintln!("unknown command {other:?}; expected `run` or `migrate`");
@@ -33,13 +33,5 @@ async fn main() -> ExitCode {
             eprintln!("herald-worker: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }
