@@ -87,15 +87,69 @@ pub async fn enqueue(
 }
 
 /// Waits for the worker's answer, which comes only after COMMIT.
-pub async fn wait_committed(state: &AppState, mut waiter: Waiter) -> ApiResult<SendResult> {
+pub async fn wait_committed(state: &AppState, waiter: Waiter) -> ApiResult<SendResult> {
+    match wait_outcome(state, waiter).await? {
+        SendOutcome::Ok(r) => Ok(r),
+        _ => Err(ApiError::new(ErrorCode::Internal, "unexpected answer")),
+    }
+}
+
+/// Waits for the worker's answer to any ingress request.
+pub async fn wait_outcome(state: &AppState, mut waiter: Waiter) -> ApiResult<SendOutcome> {
     let timeout = Duration::from_millis(state.cfg.gateway.send_timeout_ms);
     match tokio::time::timeout(timeout, &mut waiter.rx).await {
-        Ok(Ok(SendOutcome::Ok(r))) => Ok(r),
         Ok(Ok(SendOutcome::Err { code, message })) => Err(ApiError::new(code, message)),
+        Ok(Ok(outcome)) => Ok(outcome),
         Ok(Err(_)) | Err(_) => {
             metrics::counter!("herald_send_timeouts_total").increment(1);
-            Err(ApiError::new(ErrorCode::Unavailable, "not confirmed in time; retry with the same cmid"))
+            Err(ApiError::new(ErrorCode::Unavailable, "not confirmed in time; retry (sends with the same cmid)"))
         }
+    }
+}
+
+/// Appends a read receipt to the conversation's ingress stream (after its sends).
+pub async fn enqueue_read(
+    state: &AppState,
+    c: &herald_shared::auth::Claims,
+    conv: String,
+    seq: u64,
+) -> ApiResult<Waiter> {
+    if !is_valid_ident(&conv) {
+        return Err(ApiError::bad_request("conv must be 1..64 printable ASCII characters"));
+    }
+    let waiter = state.waiters.register();
+    let shard = shard_of(&c.tid, &conv, state.cfg.ingress.shards);
+    let entry = herald_shared::protocol::ReadEntry {
+        tenant: c.tid.clone(),
+        user: c.sub.clone(),
+        device: c.dev.clone(),
+        conv,
+        seq,
+        node: state.cfg.node_id.clone(),
+        rid: waiter.rid,
+    };
+    let _: String = state.redis.xadd(state.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+    Ok(waiter)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadRequest {
+    seq: u64,
+}
+
+/// `POST /v1/conversations/{id}/read` `{"seq": N}`: the HTTP `read`.
+pub async fn read(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    axum::extract::Path(conv): axum::extract::Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    let req: ReadRequest = parse_json(&body)?;
+    let waiter = enqueue_read(&state, &c, conv, req.seq).await?;
+    match wait_outcome(&state, waiter).await? {
+        SendOutcome::Read { conv, read_seq } => Ok(Json(serde_json::json!({"conv": conv, "read_seq": read_seq}))),
+        _ => Err(ApiError::new(ErrorCode::Internal, "unexpected answer")),
     }
 }
 

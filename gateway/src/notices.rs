@@ -103,6 +103,11 @@ pub async fn listen(
                 sessions.push(&key, Push { id: d.id, frame: frame.clone() });
             }
         }
+        for r in env.reads {
+            for key in r.to {
+                sessions.push_read(&key, &r.conv, &r.user, r.seq);
+            }
+        }
         for k in env.kick {
             sessions.kick(&(k.tenant, k.user, k.device), &k.session);
         }

@@ -67,6 +67,8 @@ pub struct Session {
     /// The backlog waits for tokens until then; realtime keeps flowing meanwhile.
     backlog_resume: Option<tokio::time::Instant>,
     rate_limited: u32,
+    /// Read positions written but not yet confirmed by a pong: (field, seq).
+    unconfirmed_reads: Vec<(String, u64)>,
     /// Acked ids not yet removed from the pending set, and when they will be.
     acks: Vec<MsgId>,
     ack_flush_at: Option<tokio::time::Instant>,
@@ -119,6 +121,7 @@ impl Session {
             rate_limited: 0,
             acks: Vec::new(),
             ack_flush_at: None,
+            unconfirmed_reads: Vec::new(),
         };
         session.serve().await;
     }
@@ -198,6 +201,7 @@ impl Session {
                 .to_string(),
         )
         .await;
+        self.send_stored_reads().await?;
         Ok(())
     }
 
@@ -245,6 +249,10 @@ impl Session {
                 Some(c) = control.recv() => match c {
                     Control::Frame(text) => { self.write(text).await; }
                     Control::Replaced => return Step::Close(CLOSE_REPLACED, "replaced by a newer session"),
+                    Control::Read { conv, user, seq } => {
+                        self.write_read(conv, user, seq).await;
+                        let _ = self.socket.send(Message::Ping(Default::default())).await;
+                    }
                 },
                 Some(p) = pushes.recv(), if window_open => {
                     if self.inflight.contains_key(&p.id) {
@@ -265,7 +273,10 @@ impl Session {
                                 return Step::Close(code, reason);
                             }
                         }
-                        Message::Pong(_) => self.on_pong(),
+                        Message::Pong(_) => {
+                            self.on_pong();
+                            self.confirm_reads().await;
+                        }
                         Message::Close(_) => return Step::Continue,
                         Message::Binary(_) => {
                             if let Step::Close(c, r) = self.protocol_error(None, "binary frames are not supported").await {
@@ -291,6 +302,40 @@ impl Session {
                 }
             }
         }
+    }
+
+    async fn write_read(&mut self, conv: String, user: String, seq: u64) {
+        let frame = json!({"t": "read", "conv": conv, "user": user, "seq": seq}).to_string();
+        self.unconfirmed_reads.push((herald_shared::protocol::read_field(&conv, &user), seq));
+        self.write(frame).await;
+    }
+
+    /// Read positions waiting in Redis since the device was last connected: the latest
+    /// of each, followed by a ping whose pong confirms them.
+    async fn send_stored_reads(&mut self) -> Result<(), fred::error::Error> {
+        let key = self.state.keys.reads(&self.claims.tid, &self.claims.sub, &self.claims.dev);
+        let stored: HashMap<String, u64> = self.state.redis.next().hgetall(key).await?;
+        if stored.is_empty() {
+            return Ok(());
+        }
+        for (field, seq) in stored {
+            if let Some((conv, user)) = field.split_once(' ') {
+                self.write_read(conv.to_owned(), user.to_owned(), seq).await;
+            }
+        }
+        let _ = self.socket.send(Message::Ping(Default::default())).await;
+        Ok(())
+    }
+
+    /// A pong comes after every frame written before its ping: the reads are shown.
+    async fn confirm_reads(&mut self) {
+        if self.unconfirmed_reads.is_empty() {
+            return;
+        }
+        let key = self.state.keys.reads(&self.claims.tid, &self.claims.sub, &self.claims.dev);
+        let args: Vec<String> = self.unconfirmed_reads.drain(..).flat_map(|(f, s)| [f, s.to_string()]).collect();
+        let _: Result<i64, _> =
+            self.state.redis.next().eval(herald_shared::keys::READS_CONFIRM_LUA, vec![key], args).await;
     }
 
     fn on_pong(&mut self) {
@@ -470,9 +515,20 @@ impl Session {
                     let _ = tx.send(Control::Frame(frame.to_string())).await;
                 });
             }
-            ClientFrame::Read(_) => {
-                self.error_frame(ErrorCode::BadRequest, "read receipts are not available yet", None).await;
-            }
+            ClientFrame::Read(r) => match crate::messages::enqueue_read(&self.state, &self.claims, r.conv, r.seq).await
+            {
+                Err(e) => self.error_frame(e.code, &e.message, None).await,
+                Ok(waiter) => {
+                    let (state, tx) = (self.state.clone(), control_tx.clone());
+                    tokio::spawn(async move {
+                        // Success has no frame of its own (the other devices get `read`).
+                        if let Err(e) = crate::messages::wait_outcome(&state, waiter).await {
+                            let frame = json!({"t": "error", "code": e.code, "message": e.message});
+                            let _ = tx.send(Control::Frame(frame.to_string())).await;
+                        }
+                    });
+                }
+            },
         }
         Step::Continue
     }

@@ -25,6 +25,8 @@ pub enum Control {
     Frame(String),
     /// A newer session of the same device exists (close 4002).
     Replaced,
+    /// A read position to show; kept in Redis until a pong confirms it.
+    Read { conv: String, user: String, seq: u64 },
 }
 
 #[derive(Debug)]
@@ -97,6 +99,15 @@ impl SessionRegistry {
                 e.lagged.store(true, Ordering::Release);
                 metrics::counter!("herald_pushes_total", "outcome" => "dropped_slow_consumer").increment(1);
             }
+        }
+    }
+
+    /// Hands a read position to the device's session, if it is here. A full queue
+    /// loses nothing: the position waits in Redis for the next session.
+    pub fn push_read(&self, key: &DeviceKey, conv: &str, user: &str, seq: u64) {
+        let map = self.sessions.lock().expect("sessions");
+        if let Some(e) = map.get(key) {
+            let _ = e.control.try_send(Control::Read { conv: conv.to_owned(), user: user.to_owned(), seq });
         }
     }
 

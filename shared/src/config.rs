@@ -124,6 +124,11 @@ pub struct WorkerConfig {
     /// device is marked for a rebuild from MySQL.
     pub pending_cap: u64,
     pub db_pool_size: u32,
+    /// Group conversations up to this size send `read` frames to every member's
+    /// devices; larger ones only to the reader's own other devices.
+    pub read_fanout_max_group: usize,
+    /// How long an undelivered read position waits for an offline device.
+    pub read_state_ttl_s: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -203,6 +208,8 @@ impl Config {
                 message_ttl_s: 7 * 24 * 3600,
                 pending_cap: 10_000,
                 db_pool_size: 16,
+                read_fanout_max_group: 50,
+                read_state_ttl_s: 30 * 24 * 3600,
             },
             outbox: OutboxConfig {
                 fixed_delay_ms: 3_000,
@@ -260,6 +267,8 @@ impl Config {
             "worker.message_ttl_s" => self.worker.message_ttl_s = num(v)?,
             "worker.pending_cap" => self.worker.pending_cap = num(v)?,
             "worker.db_pool_size" => self.worker.db_pool_size = num(v)?,
+            "worker.read_fanout_max_group" => self.worker.read_fanout_max_group = num(v)?,
+            "worker.read_state_ttl_s" => self.worker.read_state_ttl_s = num(v)?,
             "outbox.fixed_delay_ms" => self.outbox.fixed_delay_ms = num(v)?,
             "outbox.first_retry_delay_ms" => self.outbox.first_retry_delay_ms = num(v)?,
             "outbox.backoff_ms" => {
@@ -472,6 +481,8 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
                 Ok(v) => flag_sets.push((name.trim_start_matches("--").replace('-', "_"), v)),
                 Err(e) => errors.push(ConfigError { key: name.clone(), message: e }),
             },
+            // Command switches, kept for the command to read.
+            "--dry-run" => cli.args.push(name.clone()),
             flag if flag.starts_with('-') => {
                 errors.push(ConfigError { key: flag.into(), message: "unknown flag".into() })
             }

@@ -43,6 +43,12 @@ impl Keys {
         format!("{}:{{{tenant}:{user}}}:ovf", self.prefix)
     }
 
+    /// HASH of read positions waiting for a device: `{conv} {reader}` -> seq. The
+    /// latest position only; removed once the device has confirmed it (pong).
+    pub fn reads(&self, tenant: &str, user: &str, device: &str) -> String {
+        format!("{}:{{{tenant}:{user}}}:reads:{device}", self.prefix)
+    }
+
     /// The serialized `msg` frame, stored once for every recipient.
     pub fn message(&self, id: MsgId) -> String {
         format!("{}:m:{id}", self.prefix)
@@ -115,6 +121,40 @@ for i = 1, n do
   out[#out + 1] = redis.call('HGET', KEYS[1], dev)
 end
 return out
+"#;
+
+/// Records a read position for one user's devices (only forward) and reports where
+/// each device is connected.
+///
+/// KEYS: presence, then the reads hash of device 1..n. ARGV: field, seq, ttl ms, device 1..n.
+/// Returns: device, presence (or false), for every device.
+pub const READS_LUA: &str = r#"
+local field, seq, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local out = {}
+for i = 2, #KEYS do
+  local cur = redis.call('HGET', KEYS[i], field)
+  if not cur or tonumber(cur) < seq then
+    redis.call('HSET', KEYS[i], field, seq)
+  end
+  redis.call('PEXPIRE', KEYS[i], ttl)
+  local dev = ARGV[i + 2]
+  out[#out + 1] = dev
+  out[#out + 1] = redis.call('HGET', KEYS[1], dev)
+end
+return out
+"#;
+
+/// Removes confirmed read positions unless a newer one arrived meanwhile.
+/// KEYS: reads hash. ARGV: field, seq pairs.
+pub const READS_CONFIRM_LUA: &str = r#"
+local n = 0
+for i = 1, #ARGV, 2 do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  if cur and tonumber(cur) <= tonumber(ARGV[i + 1]) then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return n
 "#;
 
 /// Stable shard of a conversation: FNV-1a over tenant and conversation id. Every process

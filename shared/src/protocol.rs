@@ -87,6 +87,76 @@ impl IngressEntry {
     }
 }
 
+/// A read receipt on its way to a worker (same stream as the conversation's sends).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadEntry {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+    pub conv: String,
+    pub seq: u64,
+    pub node: String,
+    pub rid: u64,
+}
+
+impl ReadEntry {
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("k", "read".into()),
+            ("tid", self.tenant.clone()),
+            ("uid", self.user.clone()),
+            ("dev", self.device.clone()),
+            ("conv", self.conv.clone()),
+            ("seq", self.seq.to_string()),
+            ("node", self.node.clone()),
+            ("rid", self.rid.to_string()),
+        ]
+    }
+
+    pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<ReadEntry> {
+        let get = |k: &str| f.get(k).cloned();
+        Some(ReadEntry {
+            tenant: get("tid")?,
+            user: get("uid")?,
+            device: get("dev")?,
+            conv: get("conv")?,
+            seq: get("seq")?.parse().ok()?,
+            node: get("node")?,
+            rid: get("rid")?.parse().ok()?,
+        })
+    }
+}
+
+/// Anything a gateway puts into an ingress stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IngressRequest {
+    Send(IngressEntry),
+    Read(ReadEntry),
+}
+
+impl IngressRequest {
+    pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<IngressRequest> {
+        match f.get("k").map(String::as_str) {
+            None | Some("send") => IngressEntry::from_fields(f).map(IngressRequest::Send),
+            Some("read") => ReadEntry::from_fields(f).map(IngressRequest::Read),
+            Some(_) => None,
+        }
+    }
+
+    pub fn node_and_rid(&self) -> (&str, u64) {
+        match self {
+            IngressRequest::Send(e) => (&e.node, e.rid),
+            IngressRequest::Read(e) => (&e.node, e.rid),
+        }
+    }
+}
+
+/// The field of a device's read-state hash: conversation and reader. A space cannot
+/// occur in either id.
+pub fn read_field(conv: &str, reader: &str) -> String {
+    format!("{conv} {reader}")
+}
+
 /// What a worker tells a gateway node about one send request.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SendNotice {
@@ -99,7 +169,24 @@ pub struct SendNotice {
 #[serde(rename_all = "snake_case")]
 pub enum SendOutcome {
     Ok(SendResult),
-    Err { code: ErrorCode, message: String },
+    /// A read receipt applied: the stored position (which only moves forward).
+    Read {
+        conv: String,
+        read_seq: u64,
+    },
+    Err {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// A read position pushed to devices on one node (latest wins; confirmed by a pong).
+#[derive(Debug, Serialize, Deserialize, Clone)]
+pub struct ReadPush {
+    pub conv: String,
+    pub user: String,
+    pub seq: u64,
+    pub to: Vec<(String, String, String)>,
 }
 
 /// One message pushed to a set of devices on one node.
@@ -120,6 +207,8 @@ pub struct NodeEnvelope {
     pub deliver: Vec<Delivery>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kick: Vec<Kick>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<ReadPush>,
 }
 
 #[cfg(test)]

@@ -425,6 +425,11 @@ impl AutoDevice {
         Some(AutoDevice { user: user.into(), device: device.into(), received, sent, outbox, closed, others, task })
     }
 
+    /// Sends any frame.
+    pub async fn send_raw(&self, frame: serde_json::Value) {
+        self.outbox.send(frame).await.expect("device running");
+    }
+
     pub async fn send(&self, cmid: &str, conv: &str, body: serde_json::Value) {
         self.outbox
             .send(serde_json::json!({"t": "send", "cmid": cmid, "conv": conv, "body": body}))

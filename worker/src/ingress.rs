@@ -15,7 +15,7 @@ use fred::prelude::*;
 use fred::types::streams::XReadValue;
 use herald_shared::ids::now_ms;
 use herald_shared::keys::INGRESS_GROUP;
-use herald_shared::protocol::{IngressEntry, NodeEnvelope, SendNotice, SendOutcome};
+use herald_shared::protocol::{IngressRequest, NodeEnvelope, SendNotice, SendOutcome};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -224,10 +224,12 @@ impl IngressShard {
         let s = &self.shared;
         let mut xids = Vec::with_capacity(entries.len());
         let mut valid = Vec::with_capacity(entries.len());
+        let mut reads = Vec::new();
         for (xid, fields) in &entries {
             xids.push(xid.clone());
-            match IngressEntry::from_fields(fields) {
-                Some(e) => valid.push(e),
+            match IngressRequest::from_fields(fields) {
+                Some(IngressRequest::Send(e)) => valid.push(e),
+                Some(IngressRequest::Read(r)) => reads.push(r),
                 None => tracing::warn!(shard = self.shard, xid, "malformed ingress entry dropped"),
             }
         }
@@ -268,6 +270,25 @@ impl IngressShard {
                 }
             };
             by_node.entry(e.node.as_str()).or_default().sent.push(SendNotice { rid: e.rid, outcome });
+        }
+        // Reads after the sends of the batch, so a read of a message in it is not capped.
+        if !reads.is_empty() {
+            let outcomes = loop {
+                if cancel.is_cancelled() || !self.lease.is_valid() {
+                    return Ok(false);
+                }
+                match s.reads.apply(&reads).await {
+                    Ok(o) => break o,
+                    Err(e) => {
+                        metrics::counter!("herald_mysql_errors_total").increment(1);
+                        tracing::warn!(shard = self.shard, error = %e, "read receipts failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            for (r, outcome) in reads.iter().zip(outcomes) {
+                by_node.entry(r.node.as_str()).or_default().sent.push(SendNotice { rid: r.rid, outcome });
+            }
         }
         let pipe = client.pipeline();
         for (node, env) in &by_node {

@@ -7,6 +7,8 @@
 //! - [`commit`]: the one-transaction-per-batch commit pipeline.
 //! - [`fanout`]: pending sets, frames and node publishes.
 //! - [`outbox`]: the transactional outbox and its dispatcher.
+//! - [`reads`]: read receipts and their `read` frames.
+//! - [`projections`]: the `rebuild-projections` command.
 //! - [`admin`]: the admin API.
 
 pub mod admin;
@@ -15,6 +17,8 @@ pub mod fanout;
 pub mod ingress;
 pub mod lease;
 pub mod outbox;
+pub mod projections;
+pub mod reads;
 
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -57,6 +61,7 @@ pub struct Shared {
     pub commit: CommitPipeline,
     pub fanout: Arc<Fanout>,
     pub outbox: Arc<Outbox>,
+    pub reads: reads::ReadReceipts,
     /// Outbox events dispatched right after commit, to be marked SENT in batches.
     pub sent_marks: tokio::sync::mpsc::Sender<u64>,
     /// The last lease round succeeded (Redis reachable, ids leased).
@@ -69,6 +74,12 @@ pub async fn migrate(cfg: &Config) -> Result<(), WorkerError> {
         sqlx::Error::Migrate(m) => WorkerError::Migrate(*m),
         other => WorkerError::Db(other),
     })
+}
+
+/// `herald-worker rebuild-projections [--dry-run]`.
+pub async fn rebuild_projections(cfg: &Config, dry_run: bool) -> Result<projections::Report, WorkerError> {
+    let db = herald_shared::db::pool(&cfg.mysql_url, 2)?;
+    Ok(projections::rebuild(&db, dry_run).await?)
 }
 
 /// Runs the worker until `shutdown` completes.
@@ -90,6 +101,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let outbox = Arc::new(Outbox::new(db.clone(), cfg.outbox.clone()));
     // Sized for a few seconds of batches; when full, events stay PENDING for the dispatcher.
     let (sent_marks, sent_rx) = tokio::sync::mpsc::channel(10_000);
+    let read_receipts = reads::ReadReceipts {
+        db: db.clone(),
+        redis: redis.clone(),
+        keys: keys.clone(),
+        max_group: cfg.worker.read_fanout_max_group,
+        ttl_ms: cfg.worker.read_state_ttl_s * 1000,
+    };
     let shared = Arc::new(Shared {
         commit: CommitPipeline::new(db.clone(), cfg.outbox.first_retry_delay_ms),
         cfg,
@@ -99,6 +117,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         ids: IdSource::new(),
         fanout: fanout.clone(),
         outbox: outbox.clone(),
+        reads: read_receipts,
         sent_marks,
         balancer_ok: AtomicBool::new(false),
     });

@@ -1,4 +1,4 @@
-//! `herald-worker [migrate] [--config FILE] [--set key=value ...]`
+//! `herald-worker [run | migrate | rebuild-projections [--dry-run]] [--config FILE] [--set key=value ...]`
 
 use std::process::ExitCode;
 
@@ -21,8 +21,12 @@ async fn main() -> ExitCode {
     let result = match cli.args.first().map(String::as_str) {
         None | Some("run") => herald_worker::run(cfg, herald_shared::telemetry::shutdown_signal()).await,
         Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),
+        Some("rebuild-projections") => {
+            let dry_run = cli.args.iter().any(|a| a == "--dry-run");
+            herald_worker::rebuild_projections(&cfg, dry_run).await.map(|_| ())
+        }
         Some(other) => {
-            eprintln!("unknown command {other:?}; expected `run` or `migrate`");
+            eprintln!("unknown command {other:?}; expected `run`, `migrate` or `rebuild-projections [--dry-run]`");
             return ExitCode::from(2);
         }
     };
