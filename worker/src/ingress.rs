@@ -243,8 +243,16 @@ impl IngressShard {
                 Ok(r) => break r,
                 Err(e) => {
                     attempt += 1;
-                    if e.is_retryable() {
+                    if e.is_retryable() && attempt < 5 {
                         tracing::debug!(error = %e, "batch conflict; running it again");
+                    } else if e.is_retryable() {
+                        // A conflict that does not go away: a conversation's last_seq is
+                        // behind its messages (edited rows?). Nothing is skipped; the
+                        // shard waits until an operator repairs the projections.
+                        metrics::counter!("herald_mysql_errors_total").increment(1);
+                        tracing::error!(shard = self.shard, error = %e, attempt,
+                            "batch keeps conflicting; run `herald-worker rebuild-projections`");
+                        tokio::time::sleep(Duration::from_millis((100 * u64::from(attempt)).min(5_000))).await;
                     } else {
                         metrics::counter!("herald_mysql_errors_total").increment(1);
                         tracing::warn!(shard = self.shard, error = %e, attempt, "batch commit failed; retrying");
