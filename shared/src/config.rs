@@ -614,6 +614,19 @@ mod tests {
     }
 
     #[test]
+    fn the_heartbeat_must_stay_below_the_nat_idle_timeout() {
+        let e = env(&[("HERALD_JWT_SECRET", "0123456789abcdef"), ("HERALD_GATEWAY__HEARTBEAT_MS", "30000")]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        assert!(err.contains("gateway.heartbeat_ms"), "{err}");
+        let e = env(&[
+            ("HERALD_JWT_SECRET", "0123456789abcdef"),
+            ("HERALD_GATEWAY__HEARTBEAT_MS", "30000"),
+            ("HERALD_GATEWAY__NAT_IDLE_TIMEOUT_MS", "45000"),
+        ]);
+        assert_eq!(load(Role::Gateway, &[], &e).unwrap().0.gateway.heartbeat_ms, 30_000);
+    }
+
+    #[test]
     fn unknown_environment_variables_are_reported_not_fatal() {
         let e = env(&[("HERALD_JWT_SECRET", "0123456789abcdef"), ("HERALD_SERVICE_HOST", "10.0.0.1")]);
         let (_, cli) = load(Role::Gateway, &[], &e).unwrap();
