@@ -209,3 +209,32 @@ async fn gateway_sigkill_and_sigterm_move_devices_without_loss() {
         receive_all(&c, &u, &dev, &new, Duration::from_secs(30)).await;
     }
 }
+
+/// A device that stops reading never holds others up: its queue overflows (counted),
+/// the others get everything, and it gets what it missed from its pending set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_blocks_nobody_and_loses_nothing() {
+    let mut c = Cluster::new("slowconsumer");
+    c.set("HERALD_GATEWAY__REALTIME_QUEUE", "8").set("HERALD_GATEWAY__INFLIGHT_WINDOW", "8");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("g"), "group", &["alice", "bob", "carol"]).await.unwrap();
+    let mut stuck = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "slow")).await.unwrap();
+    stuck.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    let fast = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("carol", "fast"), "carol", "fast").await;
+    for n in 0..200 {
+        alice.send_until_committed(&format!("m{n}"), "g", &json!({"pad": "x".repeat(500)}), 20).await.unwrap();
+    }
+    let want = all_ids(&c).await;
+    let received = fast.received.clone();
+    eventually(Duration::from_secs(20), "the fast device gets everything while the slow one reads nothing", || {
+        let got: BTreeSet<u64> = received.lock().unwrap().iter().map(|r| r.2).collect();
+        let done = got == want;
+        async move { done.then_some(()) }
+    })
+    .await;
+    fast.stop().await;
+    drop(stuck);
+    receive_all(&c, "bob", "slow", &want, Duration::from_secs(30)).await;
+}
