@@ -22,6 +22,7 @@ use herald_shared::auth::Platform;
 use herald_shared::client::{token, ClientError, HttpClient};
 use serde_json::json;
 
+mod integrity;
 mod scenarios;
 
 pub struct Args(HashMap<String, String>);

@@ -12,7 +12,10 @@ use herald_shared::client::{token, HttpClient, WsClient, WsEvent};
 use herald_shared::ids::now_ms;
 use serde_json::json;
 
+use crate::integrity::{self, Acked, EventLog, Received};
 use crate::Args;
+
+type Log<T> = Arc<Mutex<Vec<T>>>;
 
 fn micros_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
@@ -32,11 +35,13 @@ struct Tally {
 /// One receiving device: acks every `msg` at once; records send-to-receipt latency.
 async fn receiver(
     base: String,
-    tok: String,
+    (user, tok): (String, String),
     tally: Arc<Tally>,
     latency: Arc<Mutex<Histogram<u64>>>,
     stop: Arc<AtomicBool>,
+    log: Log<Received>,
 ) -> Result<()> {
+    let mut events = Vec::new();
     let mut ws = WsClient::connect(&base, &tok).await.context("connect")?;
     let mut local = histogram();
     while !stop.load(Ordering::Relaxed) {
@@ -47,6 +52,12 @@ async fn receiver(
                         let _ = local.record(micros_now().saturating_sub(t0).max(1));
                     }
                     tally.delivered.fetch_add(1, Ordering::Relaxed);
+                    events.push(Received {
+                        device: (user.clone(), "d".into()),
+                        id: f["id"].as_str().and_then(|i| i.parse().ok()).unwrap_or(0),
+                        conv: f["conv"].as_str().unwrap_or_default().to_string(),
+                        seq: f["seq"].as_u64().unwrap_or(0),
+                    });
                     ws.send(&json!({"t": "ack", "ids": [f["id"]]})).await?;
                 }
                 Some("caught_up") => {
@@ -59,6 +70,7 @@ async fn receiver(
         }
     }
     latency.lock().expect("histogram").add(&local).expect("same bounds");
+    log.lock().expect("log").extend(events);
     ws.close().await;
     Ok(())
 }
@@ -97,7 +109,15 @@ pub async fn deliver(args: &Args) -> Result<()> {
         let refs: Vec<&str> = members.iter().map(String::as_str).collect();
         sender_of(g).create_conversation(Some(&format!("{run}-g{g}")), "group", &refs).await?;
     }
-    let tok = |i: usize| token(&secret, &tenant, &member(i), "d", Platform::Desktop);
+    let tok = |i: usize| (member(i), token(&secret, &tenant, &member(i), "d", Platform::Desktop));
+    let received: Log<Received> = Arc::new(Mutex::new(Vec::new()));
+    let acked: Log<Acked> = Arc::new(Mutex::new(Vec::new()));
+    let mut recipients = std::collections::HashMap::new();
+    for g in 0..groups {
+        let devices: Vec<(String, String)> =
+            (g * group..((g + 1) * group).min(receivers)).map(|i| (member(i), "d".to_string())).collect();
+        recipients.insert(format!("{run}-g{g}"), devices);
+    }
 
     let connect_all = |tally: Arc<Tally>, latency: Arc<Mutex<Histogram<u64>>>, stop: Arc<AtomicBool>| {
         (0..receivers)
@@ -108,6 +128,7 @@ pub async fn deliver(args: &Args) -> Result<()> {
                     tally.clone(),
                     latency.clone(),
                     stop.clone(),
+                    received.clone(),
                 ))
             })
             .collect::<Vec<_>>()
@@ -126,15 +147,26 @@ pub async fn deliver(args: &Args) -> Result<()> {
     let send_hist = Arc::new(Mutex::new(histogram()));
     let mut senders = Vec::new();
     for g in 0..groups {
-        let (c, stop, hist) = (sender_of(g), send_stop.clone(), send_hist.clone());
+        let (c, stop, hist, acked) = (sender_of(g), send_stop.clone(), send_hist.clone(), acked.clone());
         let conv = format!("{run}-g{g}");
+        let sender = format!("{run}-s{g}");
         senders.push(tokio::spawn(async move {
             let mut local = histogram();
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                if c.send_until_committed(&format!("rt{n}"), &conv, &json!({"t0": micros_now()}), 10).await.is_ok() {
+                let cmid = format!("rt{n}");
+                if let Ok(r) = c.send_until_committed(&cmid, &conv, &json!({"t0": micros_now()}), 10).await {
                     let _ = local.record(t.elapsed().as_micros() as u64);
+                    let a = Acked {
+                        id: r.id.0,
+                        conv: conv.clone(),
+                        seq: r.seq,
+                        sender: sender.clone(),
+                        sender_device: "d".into(),
+                        cmid,
+                    };
+                    acked.lock().expect("log").push(a);
                 }
                 n += 1;
             }
@@ -169,11 +201,23 @@ pub async fn deliver(args: &Args) -> Result<()> {
         eprintln!("queueing {backlog} messages for each of {groups} groups while receivers are offline ...");
         let mut fill = Vec::new();
         for g in 0..groups {
-            let c = sender_of(g);
+            let (c, acked) = (sender_of(g), acked.clone());
             let conv = format!("{run}-g{g}");
+            let sender = format!("{run}-s{g}");
             fill.push(tokio::spawn(async move {
                 for n in 0..backlog {
-                    let _ = c.send_until_committed(&format!("bl{n}"), &conv, &json!({"t0": micros_now()}), 20).await;
+                    let cmid = format!("bl{n}");
+                    if let Ok(r) = c.send_until_committed(&cmid, &conv, &json!({"t0": micros_now()}), 20).await {
+                        let a = Acked {
+                            id: r.id.0,
+                            conv: conv.clone(),
+                            seq: r.seq,
+                            sender: sender.clone(),
+                            sender_device: "d".into(),
+                            cmid,
+                        };
+                        acked.lock().expect("log").push(a);
+                    }
                 }
             }));
         }
@@ -201,8 +245,16 @@ pub async fn deliver(args: &Args) -> Result<()> {
             json!({"messages": expected, "delivered": got, "drain_s": drain, "rate_msg_s": got as f64 / drain});
     }
 
+    let log = EventLog {
+        acked: std::mem::take(&mut *acked.lock().expect("log")),
+        received: std::mem::take(&mut *received.lock().expect("log")),
+        recipients,
+    };
+    let report = integrity::check(&log);
+    eprintln!("integrity: {report:?}");
     let summary = json!({
         "scenario": "deliver",
+        "integrity": report,
         "receivers": receivers,
         "group_size": group,
         "gateways": gateways.len(),
@@ -219,6 +271,7 @@ pub async fn deliver(args: &Args) -> Result<()> {
     if let Some(path) = args.0.get("json") {
         std::fs::write(path, serde_json::to_string_pretty(&summary)?)?;
     }
+    anyhow::ensure!(report.is_clean(), "integrity check failed: {report:?}");
     Ok(())
 }
 
