@@ -57,6 +57,9 @@ impl IntegrityReport {
     }
 }
 
+/// First sightings on one device in one conversation: (seq, id), in arrival order.
+type Timeline = Vec<(u64, u64)>;
+
 pub fn check(log: &EventLog) -> IntegrityReport {
     let mut report = IntegrityReport { acknowledged: log.acked.len() as u64, ..Default::default() };
 
@@ -69,7 +72,8 @@ pub fn check(log: &EventLog) -> IntegrityReport {
 
     // What each device got, first sightings in arrival order.
     let mut seen: HashMap<(&str, &str), HashSet<u64>> = HashMap::new();
-    let mut timeline: HashMap<(&str, &str, &str), Vec<(u64, u64)>> = HashMap::new();
+    // (user, device, conv) -> [(seq, id)]
+    let mut timeline: HashMap<(&str, &str, &str), Timeline> = HashMap::new();
     for r in &log.received {
         let dev = (r.device.0.as_str(), r.device.1.as_str());
         if !seen.entry(dev).or_default().insert(r.id) {
