@@ -10,6 +10,8 @@
 //!   backlog phase (all receivers offline, then reconnecting at once): drain time.
 //! - `idle --gateway-pid PID [--connections N]`: idle WebSocket sessions and the
 //!   gateway's resident memory per connection.
+//! - `probe [--listen 127.0.0.1:9099] [--interval-ms 1000] [--duration S]`: the canary
+//!   between two probe accounts, with `herald_probe_*` metrics.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +25,7 @@ use herald_shared::client::{token, ClientError, HttpClient};
 use serde_json::json;
 
 mod integrity;
+mod probe;
 mod scenarios;
 
 pub struct Args(HashMap<String, String>);
@@ -65,7 +68,9 @@ const USAGE: &str = "usage:
   herald-loadtest sends [--gateways http://127.0.0.1:8080,...] [--tenant bench] [--conversations 200]
                         [--senders 200] [--duration 20] [--payload 100] [--secret S] [--json FILE]
   herald-loadtest deliver [--gateways ...] [--receivers 1000] [--group 10] [--duration 20] [--backlog 50] [--json FILE]
-  herald-loadtest idle --gateway-pid PID [--gateways ...] [--connections 10000] [--json FILE]";
+  herald-loadtest idle --gateway-pid PID [--gateways ...] [--connections 10000] [--json FILE]
+  herald-loadtest probe [--gateways ...] [--tenant probe] [--name canary] [--interval-ms 1000]
+                        [--loss-after-ms 30000] [--listen 127.0.0.1:9099] [--duration 0 = forever]";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -82,6 +87,7 @@ async fn main() -> Result<()> {
         "sends" => sends(&args).await,
         "deliver" => scenarios::deliver(&args).await,
         "idle" => scenarios::idle(&args).await,
+        "probe" => probe::probe(&args).await,
         _ => {
             eprintln!("{USAGE}");
             std::process::exit(2);

@@ -1,0 +1,56 @@
+//! The probe canary against a real cluster: numbered messages between two probe
+//! accounts, counted on the probe's own `/metrics`.
+
+use std::time::Duration;
+
+use herald_tests::{bin, eventually, free_port, Cluster, SECRET};
+
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_counts_messages_both_ways_and_sees_no_loss() {
+    let mut c = Cluster::new("probe");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    let port = free_port();
+    let gateways = format!("{},{}", c.gateways[0].base_url(), c.gateways[1].base_url());
+    let mut probe = tokio::process::Command::new(bin("herald-loadtest"))
+        .args([
+            "probe",
+            "--gateways",
+            &gateways,
+            "--interval-ms",
+            "100",
+            "--duration",
+            "30",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .env("HERALD_JWT_SECRET", SECRET)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let metrics = eventually(Duration::from_secs(30), "the probe has exchanged 40 messages", || {
+        let url = url.clone();
+        async move {
+            let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
+            (counter(&text, "herald_probe_received_total") >= 40.0).then_some(text)
+        }
+    })
+    .await;
+    assert!(counter(&metrics, "herald_probe_sent_total") >= 40.0, "{metrics}");
+    assert_eq!(counter(&metrics, "herald_probe_lost_total"), 0.0);
+    assert_eq!(counter(&metrics, "herald_probe_duplicates_total"), 0.0);
+    assert_eq!(counter(&metrics, "herald_probe_disorder_total"), 0.0);
+    assert!(metrics.contains("herald_probe_latency_seconds"), "{metrics}");
+    let _ = probe.kill().await;
+}
