@@ -540,8 +540,14 @@ impl Session {
         if ids.is_empty() {
             return Ok(());
         }
+        let now_ms = herald_shared::ids::now_ms();
         for id in &ids {
-            self.inflight.remove(id);
+            if self.inflight.remove(id).is_some() {
+                // Commit (the id's own timestamp) to device ack.
+                let kind = if self.backlog.outstanding.contains(id) { "backlog" } else { "realtime" };
+                let secs = now_ms.saturating_sub(id.unix_ms()) as f64 / 1000.0;
+                metrics::histogram!("herald_delivery_seconds", "kind" => kind).record(secs);
+            }
             if self.backlog.outstanding.remove(id) {
                 self.backlog.delivered += 1;
             }

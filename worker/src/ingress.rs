@@ -225,8 +225,13 @@ impl IngressShard {
         let mut xids = Vec::with_capacity(entries.len());
         let mut valid = Vec::with_capacity(entries.len());
         let mut reads = Vec::new();
+        let now = now_ms();
         for (xid, fields) in &entries {
             xids.push(xid.clone());
+            // Stream ids start with the XADD time in ms: how long the request waited.
+            if let Some(added) = xid.split('-').next().and_then(|ms| ms.parse::<u64>().ok()) {
+                metrics::histogram!("herald_ingress_lag_seconds").record(now.saturating_sub(added) as f64 / 1000.0);
+            }
             match IngressRequest::from_fields(fields) {
                 Some(IngressRequest::Send(e)) => valid.push(e),
                 Some(IngressRequest::Read(r)) => reads.push(r),
