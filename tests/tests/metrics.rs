@@ -60,3 +60,58 @@ async fn metrics_show_the_traffic() {
     }
     bob.stop().await;
 }
+
+/// The admin trace follows one message through committed, fanned out, pending, acked;
+/// the device view shows presence, pending count and watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_trace_follows_a_message_and_a_device() {
+    let mut c = Cluster::new("trace");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "offline").register_device().await.unwrap();
+    let bob = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "online"), "bob", "online").await;
+    let sent = alice.send("m1", "ab", &json!({})).await.unwrap();
+    let received = bob.received.clone();
+    eventually(Duration::from_secs(10), "bob's online device has it", || {
+        let n = received.lock().unwrap().len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+    let admin = c.admin(0);
+    let path = format!("/admin/messages/{}/trace", sent.id);
+    assert_eq!(admin.get(&path, None).await.0, 401);
+    let trace = eventually(Duration::from_secs(10), "the trace shows the ack", || {
+        let (admin, path) = (c.admin(0), path.clone());
+        async move {
+            let (code, t) = admin.get(&path, Some(herald_tests::ADMIN_TOKEN)).await;
+            let online = t["recipients"].as_array()?.iter().find(|r| r["device"] == "online")?.clone();
+            (code == 200 && online["state"] == "acked").then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(trace["seq"], 1);
+    assert_eq!(trace["fanned_out"], true);
+    assert_eq!(trace["outbox"]["status"], "SENT");
+    assert!(trace["committed_at"].as_i64().unwrap() > 0);
+    let offline = trace["recipients"].as_array().unwrap().iter().find(|r| r["device"] == "offline").unwrap();
+    assert_eq!(offline["state"], "pending");
+    assert!(!trace["recipients"].as_array().unwrap().iter().any(|r| r["device"] == "a1"), "not the sender's device");
+
+    let (code, dev) = admin.get("/admin/devices/acme/bob/offline", Some(herald_tests::ADMIN_TOKEN)).await;
+    assert_eq!(code, 200, "{dev}");
+    assert_eq!(
+        (dev["pending"].as_u64(), dev["oldest_pending"].as_str()),
+        (Some(1), Some(sent.id.to_string().as_str()))
+    );
+    assert!(dev["connected"].is_null());
+    let (_, dev) = admin.get("/admin/devices/acme/bob/online", Some(herald_tests::ADMIN_TOKEN)).await;
+    assert_eq!(dev["pending"], 0);
+    assert!(dev["connected"]["node"].as_str().unwrap().starts_with("gw"));
+    assert_eq!(dev["pending_set_trusted"], true);
+    assert_eq!(admin.get("/admin/devices/acme/nobody/x", Some(herald_tests::ADMIN_TOKEN)).await.0, 404);
+    assert_eq!(admin.get("/admin/messages/12/trace", Some(herald_tests::ADMIN_TOKEN)).await.0, 404);
+    assert_eq!(admin.get("/admin/messages/abc/trace", Some(herald_tests::ADMIN_TOKEN)).await.0, 400);
+    bob.stop().await;
+}

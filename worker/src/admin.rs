@@ -20,6 +20,8 @@ pub fn router(shared: Arc<Shared>, metrics: PrometheusHandle, ready: Readiness) 
         .route("/admin/outbox/{id}", get(show))
         .route("/admin/outbox/{id}/retry", post(retry))
         .route("/admin/outbox/{id}/discard", post(discard))
+        .route("/admin/messages/{id}/trace", get(message_trace))
+        .route("/admin/devices/{tenant}/{user}/{device}", get(device_state))
         .layer(middleware::from_fn_with_state(token, require_admin_token))
         .with_state(shared);
     herald_shared::ops::router(metrics, ready).merge(admin)
@@ -68,5 +70,33 @@ async fn discard(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response 
         Ok(true) => Json(serde_json::json!({ "id": id, "discarded": true })).into_response(),
         Ok(false) => error_response(ErrorCode::Conflict, "only DEAD events can be discarded"),
         Err(e) => db_error(e),
+    }
+}
+
+async fn message_trace(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let Ok(id) = id.parse::<herald_shared::ids::MsgId>() else {
+        return error_response(ErrorCode::BadRequest, "a message id is a decimal string");
+    };
+    match crate::trace::message(&s, id).await {
+        Ok(Some(t)) => Json(t).into_response(),
+        Ok(None) => error_response(ErrorCode::NotFound, "no such message"),
+        Err(e) => {
+            tracing::warn!(error = %e, "message trace failed");
+            error_response(ErrorCode::Unavailable, "a dependency is unavailable")
+        }
+    }
+}
+
+async fn device_state(
+    State(s): State<Arc<Shared>>,
+    Path((tenant, user, device)): Path<(String, String, String)>,
+) -> Response {
+    match crate::trace::device(&s, &tenant, &user, &device).await {
+        Ok(Some(t)) => Json(t).into_response(),
+        Ok(None) => error_response(ErrorCode::NotFound, "no such device"),
+        Err(e) => {
+            tracing::warn!(error = %e, "device state failed");
+            error_response(ErrorCode::Unavailable, "a dependency is unavailable")
+        }
     }
 }

@@ -9,7 +9,7 @@
 //! - [`outbox`]: the transactional outbox and its dispatcher.
 //! - [`reads`]: read receipts and their `read` frames.
 //! - [`projections`]: the `rebuild-projections` command.
-//! - [`admin`]: the admin API.
+//! - [`admin`]: the admin API; [`trace`]: its message and device views.
 
 pub mod admin;
 pub mod commit;
@@ -19,6 +19,7 @@ pub mod lease;
 pub mod outbox;
 pub mod projections;
 pub mod reads;
+pub mod trace;
 
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
