@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: unit tests and the end-to-end tests that start real
-# gateway and worker processes against local MariaDB and Redis.
+# Runs the whole test suite: the Helm chart checks, unit tests, and the end-to-end tests
+# that start real gateway and worker processes against local MariaDB and Redis.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
@@ -8,6 +8,8 @@ ensure_mariadb
 ensure_redis
 export IT_MYSQL_URL=${IT_MYSQL_URL:-$HD_MYSQL_ROOT_URL}
 export IT_REDIS_URL=${IT_REDIS_URL:-redis://127.0.0.1:6379/0}
+# The Helm chart first: quick, and the test runner's summary stays the last output.
+scripts/chart-test.sh
 log "building"
 cargo build --workspace --bins
 log "testing"

@@ -195,7 +195,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 }
 
 async fn health_loop(state: AppState, ready: Readiness, cancel: CancellationToken) {
+    let mut rounds: u64 = 0;
     loop {
+        if rounds.is_multiple_of(60) {
+            // Someone may reconfigure Redis after we started: keep checking.
+            if let Ok(policy) = herald_shared::redis::eviction_policy(state.redis.next()).await {
+                metrics::gauge!("herald_redis_noeviction").set(if policy == "noeviction" { 1.0 } else { 0.0 });
+            }
+        }
+        rounds += 1;
         let db_ok = herald_shared::db::migrations_applied(&state.db).await;
         let epoch = recovery::current_epoch(&state.redis, &state.keys.epoch()).await;
         if let Ok(epoch) = &epoch {

@@ -197,6 +197,16 @@ impl Outbox {
         Ok(r.rows_affected() == 1)
     }
 
+    /// Age of the oldest event not yet SENT (0 when there is none), for alerting.
+    pub async fn oldest_unfinished_age_s(&self) -> Result<f64, sqlx::Error> {
+        let oldest: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(created_at) FROM outbox_events WHERE status IN ('PENDING', 'SENDING', 'FAILED')",
+        )
+        .fetch_one(&self.db)
+        .await?;
+        Ok(oldest.map_or(0.0, |t| (now_ms() as i64 - t).max(0) as f64 / 1000.0))
+    }
+
     /// Rows by status, for the metrics gauge.
     pub async fn counts(&self) -> Result<Vec<(String, i64)>, sqlx::Error> {
         let rows =
@@ -248,6 +258,9 @@ impl OutboxDispatcher {
                     Ok(n) if n > 0 => tracing::debug!(purged = n, "old SENT outbox rows purged"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "outbox purge failed"),
+                }
+                if let Ok(age) = self.outbox.oldest_unfinished_age_s().await {
+                    metrics::gauge!("herald_outbox_oldest_unfinished_seconds").set(age);
                 }
                 if let Ok(counts) = self.outbox.counts().await {
                     for status in ["PENDING", "SENDING", "SENT", "FAILED", "DEAD"] {
