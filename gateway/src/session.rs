@@ -196,6 +196,7 @@ impl Session {
             return Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "pending set rebuild failed"));
         }
         let pending: u64 = st.redis.next().zcard(self.pending_key()).await?;
+        metrics::histogram!("herald_pending_at_connect").record(pending as f64);
         self.write(
             json!({"t": "hello", "session": self.id, "hb_ms": st.cfg.gateway.heartbeat_ms, "pending": pending})
                 .to_string(),
@@ -429,7 +430,6 @@ impl Session {
     }
 
     async fn on_frame(&mut self, text: &str, control_tx: &tokio::sync::mpsc::Sender<Control>) -> Step {
-        metrics::counter!("herald_frames_in_total").increment(1);
         let max_frame = self.state.cfg.gateway.max_body_bytes * 2 + 4096;
         if text.len() > max_frame {
             self.error_frame(
@@ -442,8 +442,19 @@ impl Session {
         }
         let frame = match ClientFrame::parse(text) {
             Ok(f) => f,
-            Err(e) => return self.protocol_error(e.reference, &e.message).await,
+            Err(e) => {
+                metrics::counter!("herald_frames_in_total", "type" => "invalid").increment(1);
+                return self.protocol_error(e.reference, &e.message).await;
+            }
         };
+        let kind = match &frame {
+            ClientFrame::Send(_) => "send",
+            ClientFrame::Ack(_) => "ack",
+            ClientFrame::Read(_) => "read",
+            ClientFrame::Sync(_) => "sync",
+            ClientFrame::Ping(_) => "ping",
+        };
+        metrics::counter!("herald_frames_in_total", "type" => kind).increment(1);
         match frame {
             ClientFrame::Ping(p) => {
                 let ts = p.ts.unwrap_or_else(now_ms);
