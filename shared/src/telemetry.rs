@@ -14,7 +14,9 @@ pub fn init_metrics() -> PrometheusHandle {
     // Seconds by default; counts get buckets of their own.
     let counts = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0];
     let recorder = PrometheusBuilder::new()
-        .set_buckets(&[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+        .set_buckets(&[
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ])
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full("herald_worker_batch_size".into()), &counts))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full("herald_pending_at_connect".into()), &counts))
         .expect("static buckets are valid")
