@@ -176,7 +176,6 @@ async fn offline_device_drains_its_backlog_in_pages() {
         async move { pending_ids(&redis, &keys, "bob", "phone").await.is_empty().then_some(()) }
     })
     .await;
-    let _ = TENANT;
 }
 
 /// Tokens, replaced sessions and malformed frames get the protocol's answers.

@@ -148,7 +148,6 @@ async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
         .await;
         assert_eq!(got.len(), want.len());
     }
-    let _ = TENANT;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,6 +212,17 @@ async fn bad_input_gets_protocol_errors_and_stores_nothing() {
         let (status, v) = alice.post_raw("/v1/messages", raw.to_vec()).await.unwrap();
         assert_eq!(status, 400, "{}", String::from_utf8_lossy(raw));
         assert_eq!(v["error"]["code"], "bad_request");
+    }
+    // The admin API is not served on the public listener, token or not.
+    let http = reqwest::Client::new();
+    for path in ["/admin/outbox?status=DEAD", "/metrics"] {
+        let r = http
+            .get(format!("{}{path}", c.gateways[0].base_url()))
+            .bearer_auth(herald_tests::ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{path} on the public listener");
     }
     // A direct conversation's members are fixed.
     assert_eq!(alice.change_members("ab", &["dan"], &[]).await.unwrap_err().code(), Some(ErrorCode::Conflict));
