@@ -20,6 +20,20 @@ pub struct Acked {
     pub cmid: String,
 }
 
+impl Acked {
+    /// From the server's answer to a send.
+    pub fn of(r: &herald_shared::protocol::SendResult, sender: &str, sender_device: &str, cmid: String) -> Acked {
+        Acked {
+            id: r.id.0,
+            conv: r.conv.clone(),
+            seq: r.seq,
+            sender: sender.into(),
+            sender_device: sender_device.into(),
+            cmid,
+        }
+    }
+}
+
 /// One `msg` frame as a device received it, in arrival order per device.
 #[derive(Clone, Debug)]
 pub struct Received {

@@ -158,15 +158,7 @@ pub async fn deliver(args: &Args) -> Result<()> {
                 let cmid = format!("rt{n}");
                 if let Ok(r) = c.send_until_committed(&cmid, &conv, &json!({"t0": micros_now()}), 10).await {
                     let _ = local.record(t.elapsed().as_micros() as u64);
-                    let a = Acked {
-                        id: r.id.0,
-                        conv: conv.clone(),
-                        seq: r.seq,
-                        sender: sender.clone(),
-                        sender_device: "d".into(),
-                        cmid,
-                    };
-                    acked.lock().expect("log").push(a);
+                    acked.lock().expect("log").push(Acked::of(&r, &sender, "d", cmid));
                 }
                 n += 1;
             }
@@ -208,15 +200,7 @@ pub async fn deliver(args: &Args) -> Result<()> {
                 for n in 0..backlog {
                     let cmid = format!("bl{n}");
                     if let Ok(r) = c.send_until_committed(&cmid, &conv, &json!({"t0": micros_now()}), 20).await {
-                        let a = Acked {
-                            id: r.id.0,
-                            conv: conv.clone(),
-                            seq: r.seq,
-                            sender: sender.clone(),
-                            sender_device: "d".into(),
-                            cmid,
-                        };
-                        acked.lock().expect("log").push(a);
+                        acked.lock().expect("log").push(Acked::of(&r, &sender, "d", cmid));
                     }
                 }
             }));
