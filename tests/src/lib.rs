@@ -28,9 +28,16 @@ pub fn shared_redis_url() -> String {
     std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
 }
 
-/// A free TCP port on loopback (bound, then released).
+/// A free TCP port on loopback, below the kernel's ephemeral range (32768+), so that
+/// the many outgoing connections of concurrent tests cannot take it between this check
+/// and the process binding it. A listener of another test still can: see `start`.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    loop {
+        let port = 15_000 + rand::random::<u16>() % 17_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn target_dir() -> PathBuf {
@@ -109,7 +116,8 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    /// Starts it (again) on the same port, empty: no persistence.
+    /// Starts it (again) on the same port, empty: no persistence. (The port is below the
+    /// ephemeral range, so no outgoing connection can hold it meanwhile.)
     pub async fn restart(&mut self) {
         let child = std::process::Command::new("redis-server")
             .args([
@@ -225,18 +233,19 @@ impl Cluster {
         Proc { name, child, listen, admin }
     }
 
-    async fn wait_ready(p: &mut Proc, log_dir: &std::path::Path) {
+    /// Waits for `/readyz`; the process's log when it exited first.
+    async fn wait_ready(p: &mut Proc, log_dir: &std::path::Path) -> Result<(), String> {
         let url = format!("{}/readyz", p.admin_url());
         let deadline = Instant::now() + Duration::from_secs(60);
         let http = reqwest::Client::new();
         loop {
             if let Ok(Some(status)) = p.child.try_wait() {
                 let log = std::fs::read_to_string(log_dir.join(format!("{}.log", p.name))).unwrap_or_default();
-                panic!("{} exited with {status} before it was ready:\n{log}", p.name);
+                return Err(format!("{} exited with {status} before it was ready:\n{log}", p.name));
             }
             if let Ok(r) = http.get(&url).send().await {
                 if r.status().is_success() {
-                    return;
+                    return Ok(());
                 }
             }
             assert!(Instant::now() < deadline, "{} not ready within 60 s", p.name);
@@ -244,24 +253,29 @@ impl Cluster {
         }
     }
 
-    /// Starts a worker and waits until it is ready (migrations applied, leases held).
-    pub async fn start_worker(&mut self, extra: &[(&str, &str)]) -> usize {
-        let mut p = self.spawn("herald-worker", "wk", extra).await;
-        Self::wait_ready(&mut p, &self.log_dir).await;
-        self.workers.push(p);
-        self.workers.len() - 1
+    /// Spawns until ready; a port taken meanwhile by another test's listener means a
+    /// new pair of ports, anything else fails the test.
+    async fn start(&mut self, binary: &str, kind: &str, extra: &[(&str, &str)]) -> Proc {
+        for _ in 0..5 {
+            let mut p = self.spawn(binary, kind, extra).await;
+            match Self::wait_ready(&mut p, &self.log_dir).await {
+                Ok(()) => return p,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!("{log}"),
+            }
+        }
+        panic!("{kind}: no free ports after 5 attempts");
     }
 
-    /// Starts a worker without waiting (for tests where Redis is down).
-    pub async fn spawn_worker(&mut self, extra: &[(&str, &str)]) -> usize {
-        let p = self.spawn("herald-worker", "wk", extra).await;
+    /// Starts a worker and waits until it is ready (migrations applied, leases held).
+    pub async fn start_worker(&mut self, extra: &[(&str, &str)]) -> usize {
+        let p = self.start("herald-worker", "wk", extra).await;
         self.workers.push(p);
         self.workers.len() - 1
     }
 
     pub async fn start_gateway(&mut self, extra: &[(&str, &str)]) -> usize {
-        let mut p = self.spawn("herald-gateway", "gw", extra).await;
-        Self::wait_ready(&mut p, &self.log_dir).await;
+        let p = self.start("herald-gateway", "gw", extra).await;
         self.gateways.push(p);
         self.gateways.len() - 1
     }
