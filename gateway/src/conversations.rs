@@ -249,10 +249,7 @@ pub async fn list(
     Caller(c): Caller,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=200).contains(&limit) {
-        return Err(ApiError::bad_request("limit must be 1..200"));
-    }
+    let limit = crate::history::check_limit(q.limit, 50, 200)?;
     let cursor = match q.cursor.as_deref().filter(|s| !s.is_empty()) {
         None => None,
         Some(cur) => {

@@ -108,7 +108,8 @@ fn page(rows: Vec<MySqlRow>, limit: u32) -> ApiResult<Page> {
     Ok(Page { items, more })
 }
 
-fn check_limit(limit: Option<u32>, default: u32, max: u32) -> ApiResult<u32> {
+/// A page size within 1..=max, `default` when absent.
+pub fn check_limit(limit: Option<u32>, default: u32, max: u32) -> ApiResult<u32> {
     let limit = limit.unwrap_or(default);
     if !(1..=max).contains(&limit) {
         return Err(ApiError::bad_request(format!("limit must be 1..{max}")));

@@ -68,8 +68,10 @@ pub struct GatewayState {
     pub tracker: TaskTracker,
     /// Cancelled when the gateway drains: sessions send `reconnect` and close.
     pub shutdown: CancellationToken,
-    /// The current Redis epoch (see [`recovery`]).
+    /// The current Redis epoch (see [`recovery`]), and a counter bumped when it changes,
+    /// so sessions can check it every tick without copying the string.
     pub epoch: std::sync::RwLock<String>,
+    pub epoch_generation: std::sync::atomic::AtomicU64,
     /// Watermark reports of sessions, flushed to MySQL in batches.
     pub marks: tokio::sync::mpsc::Sender<recovery::Mark>,
     pub limits: limits::NodeLimits,
@@ -152,6 +154,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         tracker: tasks.clone(),
         shutdown: CancellationToken::new(),
         epoch: std::sync::RwLock::new(epoch),
+        epoch_generation: std::sync::atomic::AtomicU64::new(0),
         marks,
         limits: limits::NodeLimits::new(&cfg_gateway),
     }));
@@ -209,6 +212,7 @@ async fn health_loop(state: AppState, ready: Readiness, cancel: CancellationToke
         if let Ok(epoch) = &epoch {
             if *epoch != state.epoch() {
                 *state.epoch.write().expect("epoch") = epoch.clone();
+                state.epoch_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             }
         }
         ready.set(db_ok && epoch.is_ok());

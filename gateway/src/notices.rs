@@ -98,7 +98,7 @@ pub async fn listen(
         }
         for d in env.deliver {
             // One allocation per message per node, shared by its sessions here.
-            let frame: std::sync::Arc<str> = std::sync::Arc::from(d.frame.get());
+            let frame = axum::extract::ws::Utf8Bytes::from(d.frame.get());
             for key in d.to {
                 sessions.push(&key, Push { id: d.id, frame: frame.clone() });
             }

@@ -59,8 +59,10 @@ pub struct Session {
     last_ping: Instant,
     probe: Option<Instant>,
     protocol_errors: u32,
-    /// The Redis epoch this session's pending set was checked against.
+    /// The Redis epoch this session's pending set was checked against, and the gateway's
+    /// epoch generation when it was.
     epoch: String,
+    epoch_generation: u64,
     last_mark: Instant,
     backlog_bucket: governor::DefaultDirectRateLimiter,
     send_bucket: governor::DefaultDirectRateLimiter,
@@ -114,6 +116,7 @@ impl Session {
             probe: None,
             protocol_errors: 0,
             epoch: String::new(),
+            epoch_generation: 0,
             last_mark: now,
             backlog_bucket,
             send_bucket,
@@ -190,6 +193,8 @@ impl Session {
                 (self.claims.dev.as_str(), self.claims.plat.as_str()),
             )
             .await?;
+        // The generation first: an epoch change after this read is noticed at the next tick.
+        self.epoch_generation = st.epoch_generation.load(std::sync::atomic::Ordering::Acquire);
         self.epoch = st.epoch();
         if let Err(e) = crate::recovery::ensure_pending(&st, &self.claims, &self.epoch).await {
             tracing::warn!(error = %e, "pending set rebuild failed");
@@ -210,7 +215,7 @@ impl Session {
         self.state.keys.pending(&self.claims.tid, &self.claims.sub, &self.claims.dev)
     }
 
-    async fn write(&mut self, text: String) -> bool {
+    async fn write(&mut self, text: impl Into<axum::extract::ws::Utf8Bytes>) -> bool {
         metrics::counter!("herald_frames_out_total").increment(1);
         self.socket.send(Message::Text(text.into())).await.is_ok()
     }
@@ -260,7 +265,7 @@ impl Session {
                         continue;
                     }
                     self.inflight.insert(p.id, Instant::now());
-                    if !self.write(p.frame.to_string()).await {
+                    if !self.write(p.frame).await {
                         return Step::Continue;
                     }
                     metrics::counter!("herald_deliveries_total", "kind" => "realtime").increment(1);
@@ -365,15 +370,22 @@ impl Session {
     }
 
     async fn on_tick(&mut self) -> Step {
-        let epoch = self.state.epoch();
-        if epoch != self.epoch {
-            // Redis lost its data: restore the pending set from MySQL, read it again.
-            match crate::recovery::ensure_pending(&self.state, &self.claims, &epoch).await {
-                Ok(_) => {
-                    self.epoch = epoch;
-                    self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };
+        // A counter compare per tick; the epoch string is read only when it changed.
+        let generation = self.state.epoch_generation.load(std::sync::atomic::Ordering::Acquire);
+        if generation != self.epoch_generation {
+            let epoch = self.state.epoch();
+            if epoch == self.epoch {
+                self.epoch_generation = generation;
+            } else {
+                // Redis lost its data: restore the pending set from MySQL, read it again.
+                match crate::recovery::ensure_pending(&self.state, &self.claims, &epoch).await {
+                    Ok(_) => {
+                        self.epoch = epoch;
+                        self.epoch_generation = generation;
+                        self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };
+                    }
+                    Err(e) => tracing::warn!(error = %e, "pending set rebuild failed; retrying"),
                 }
-                Err(e) => tracing::warn!(error = %e, "pending set rebuild failed; retrying"),
             }
         }
         if self.last_mark.elapsed() >= Duration::from_millis(self.state.cfg.gateway.watermark_flush_ms) {

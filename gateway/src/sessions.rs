@@ -11,11 +11,12 @@ use tokio::sync::mpsc;
 /// (tenant, user, device)
 pub type DeviceKey = (String, String, String);
 
-/// A realtime push: the frame bytes are shared by every session on this node.
+/// A realtime push: the frame's bytes are allocated once per node and shared
+/// (reference counted) by every session that writes them.
 #[derive(Debug, Clone)]
 pub struct Push {
     pub id: MsgId,
-    pub frame: Arc<str>,
+    pub frame: axum::extract::ws::Utf8Bytes,
 }
 
 /// Control messages to a session.

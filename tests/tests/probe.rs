@@ -48,6 +48,10 @@ async fn the_probe_counts_messages_both_ways_and_sees_no_loss() {
     })
     .await;
     assert!(counter(&metrics, "herald_probe_sent_total") >= 40.0, "{metrics}");
+    // Past the loss window (2 s) for everything sent so far: a lost message would count now.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let metrics = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    assert!(counter(&metrics, "herald_probe_received_total") >= 60.0, "the canary kept flowing: {metrics}");
     assert_eq!(counter(&metrics, "herald_probe_lost_total"), 0.0);
     assert_eq!(counter(&metrics, "herald_probe_duplicates_total"), 0.0);
     assert_eq!(counter(&metrics, "herald_probe_disorder_total"), 0.0);
