@@ -181,6 +181,28 @@ impl WsClient {
         Ok(WsClient { ws })
     }
 
+    /// Like [`WsClient::connect`], from a chosen local address (many loopback addresses
+    /// give a load-test more source ports than one address has).
+    pub async fn connect_from(
+        base: &str,
+        token: &str,
+        local: Option<std::net::IpAddr>,
+    ) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
+        let Some(local) = local else { return Self::connect(base, token).await };
+        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
+        let host = base.split("://").nth(1).unwrap_or(base).trim_end_matches('/');
+        let remote = tokio::net::lookup_host(host)
+            .await?
+            .next()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} does not resolve")))?;
+        let socket = if remote.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.bind(std::net::SocketAddr::new(local, 0))?;
+        let stream = socket.connect(remote).await?;
+        stream.set_nodelay(true)?;
+        let (ws, _) = tokio_tungstenite::client_async(url, tokio_tungstenite::MaybeTlsStream::Plain(stream)).await?;
+        Ok(WsClient { ws })
+    }
+
     pub async fn send(&mut self, frame: &Value) -> Result<(), tokio_tungstenite::tungstenite::Error> {
         use futures::SinkExt;
         self.ws.send(tokio_tungstenite::tungstenite::Message::text(frame.to_string())).await

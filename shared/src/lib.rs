@@ -12,11 +12,13 @@
 //! - [`ops`]: health, readiness, metrics and the admin guard.
 //! - [`telemetry`]: tracing and metrics setup.
 //! - [`client`]: the Rust client library used by the load-test and the tests.
+//! - [`device`]: a device that reconnects, acks, drops repeats, orders by `seq`, fills gaps.
 
 pub mod auth;
 pub mod client;
 pub mod config;
 pub mod db;
+pub mod device;
 pub mod error;
 pub mod ids;
 pub mod keys;
