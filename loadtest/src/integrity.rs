@@ -34,111 +34,127 @@ impl Acked {
     }
 }
 
-/// One `msg` frame as a device received it, in arrival order per device.
+/// One `msg` frame as a device received it (`received`: arrival order, repeats
+/// included; `via_sync` when it came in a `history` answer), or as it put it on screen
+/// (`shown`: display order).
 #[derive(Clone, Debug)]
 pub struct Received {
     pub device: (String, String),
     pub id: u64,
     pub conv: String,
     pub seq: u64,
+    pub via_sync: bool,
 }
 
 #[derive(Debug, Default)]
 pub struct EventLog {
     pub acked: Vec<Acked>,
+    /// Frames as they arrived, per device in arrival order.
     pub received: Vec<Received>,
+    /// Messages as each device showed them, per device in display order.
+    pub shown: Vec<Received>,
     /// Every (user, device) expected to receive each conversation's messages.
     pub recipients: HashMap<String, Vec<(String, String)>>,
 }
 
-#[derive(Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct IntegrityReport {
     pub acknowledged: u64,
-    /// (message, recipient device) pairs never received.
+    /// (message, recipient device) pairs never shown.
     pub lost: u64,
-    /// Messages committed twice for one (sender, cmid): a user would see them twice.
+    /// Messages committed twice for one (sender, cmid), or one message shown twice on
+    /// one device: a user would see them twice.
     pub shown_twice: u64,
-    /// Timelines where, after dropping repeats by id and ordering by seq, two different
-    /// messages share a seq or a message arrived after a later one of its sender.
+    /// Displayed timelines where `seq` does not rise, a message shows under another
+    /// `seq` than its sender was told, or one `seq` holds two messages.
     pub out_of_order: u64,
     /// Repeated frames of one message to one device (allowed; dropped by id).
     pub repeats_on_wire: u64,
+    /// Shown messages whose first copy came from `sync` rather than a push: the push
+    /// path missed them and the client's gap filling recovered them.
+    pub recovered_by_sync: u64,
 }
 
 impl IntegrityReport {
     pub fn is_clean(&self) -> bool {
         self.lost == 0 && self.shown_twice == 0 && self.out_of_order == 0
     }
+
+    pub fn add(&mut self, other: &IntegrityReport) {
+        self.acknowledged += other.acknowledged;
+        self.lost += other.lost;
+        self.shown_twice += other.shown_twice;
+        self.out_of_order += other.out_of_order;
+        self.repeats_on_wire += other.repeats_on_wire;
+        self.recovered_by_sync += other.recovered_by_sync;
+    }
 }
 
-/// First sightings on one device in one conversation: (seq, id), in arrival order.
-type Timeline = Vec<(u64, u64)>;
+type Dev<'a> = (&'a str, &'a str);
 
 pub fn check(log: &EventLog) -> IntegrityReport {
     let mut report = IntegrityReport { acknowledged: log.acked.len() as u64, ..Default::default() };
 
-    // Shown twice: one (sender, cmid) committed under two ids.
+    // Committed twice: one (sender, cmid) under two ids.
     let mut by_cmid: HashMap<(&str, &str), HashSet<u64>> = HashMap::new();
     for a in &log.acked {
         by_cmid.entry((&a.sender, &a.cmid)).or_default().insert(a.id);
     }
     report.shown_twice = by_cmid.values().map(|ids| ids.len() as u64 - 1).sum();
 
-    // What each device got, first sightings in arrival order.
-    let mut seen: HashMap<(&str, &str), HashSet<u64>> = HashMap::new();
-    // (user, device, conv) -> [(seq, id)]
-    let mut timeline: HashMap<(&str, &str, &str), Timeline> = HashMap::new();
+    // The wire: repeats, and where each device's first copy came from.
+    let mut first_via_sync: HashMap<(Dev, u64), bool> = HashMap::new();
     for r in &log.received {
         let dev = (r.device.0.as_str(), r.device.1.as_str());
-        if !seen.entry(dev).or_default().insert(r.id) {
-            report.repeats_on_wire += 1;
-            continue;
+        match first_via_sync.entry((dev, r.id)) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                if !r.via_sync {
+                    report.repeats_on_wire += 1;
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(r.via_sync);
+            }
         }
-        timeline.entry((dev.0, dev.1, r.conv.as_str())).or_default().push((r.seq, r.id));
     }
 
-    // Loss: every acknowledged message on every recipient device but the sender's.
+    // The screen: each device's timeline per conversation, in display order.
     let mut unique: BTreeMap<u64, &Acked> = BTreeMap::new();
     for a in &log.acked {
         unique.insert(a.id, a);
     }
+    let acked_seq: HashMap<u64, u64> = unique.values().map(|a| (a.id, a.seq)).collect();
+    let mut shown: HashMap<Dev, HashSet<u64>> = HashMap::new();
+    let mut last_seq: HashMap<(Dev, &str), u64> = HashMap::new();
+    let mut seq_holder: HashMap<(&str, u64), u64> = HashMap::new();
+    for r in &log.shown {
+        let dev = (r.device.0.as_str(), r.device.1.as_str());
+        if !shown.entry(dev).or_default().insert(r.id) {
+            report.shown_twice += 1;
+            continue;
+        }
+        if first_via_sync.get(&(dev, r.id)).copied().unwrap_or(false) {
+            report.recovered_by_sync += 1;
+        }
+        let last = last_seq.entry((dev, r.conv.as_str())).or_insert(0);
+        let mut wrong = r.seq <= *last;
+        *last = (*last).max(r.seq);
+        wrong |= acked_seq.get(&r.id).is_some_and(|s| *s != r.seq);
+        wrong |= *seq_holder.entry((r.conv.as_str(), r.seq)).or_insert(r.id) != r.id;
+        if wrong {
+            report.out_of_order += 1;
+        }
+    }
+
+    // Loss: every acknowledged message on every recipient device but the sender's.
     for a in unique.values() {
         for (user, device) in log.recipients.get(&a.conv).into_iter().flatten() {
             if *user == a.sender && *device == a.sender_device {
                 continue;
             }
-            if !seen.get(&(user.as_str(), device.as_str())).is_some_and(|s| s.contains(&a.id)) {
+            if !shown.get(&(user.as_str(), device.as_str())).is_some_and(|s| s.contains(&a.id)) {
                 report.lost += 1;
             }
-        }
-    }
-
-    // Order: per device and conversation, no seq held by two messages; and messages of
-    // one sender device arrive in their seq order (the protocol's ordering promise).
-    let acked_seq: HashMap<u64, u64> = unique.values().map(|a| (a.id, a.seq)).collect();
-    for r in &log.received {
-        if acked_seq.get(&r.id).is_some_and(|s| *s != r.seq) {
-            // Delivered under another seq than its sender was told.
-            report.out_of_order += 1;
-        }
-    }
-    let sender_of: HashMap<u64, (&str, &str)> =
-        unique.values().map(|a| (a.id, (a.sender.as_str(), a.sender_device.as_str()))).collect();
-    for items in timeline.values() {
-        let mut by_seq: HashMap<u64, u64> = HashMap::new();
-        for (seq, id) in items {
-            if by_seq.insert(*seq, *id).is_some_and(|other| other != *id) {
-                report.out_of_order += 1;
-            }
-        }
-        let mut last_per_sender: HashMap<(&str, &str), u64> = HashMap::new();
-        for (seq, id) in items {
-            let Some(sender) = sender_of.get(id) else { continue };
-            let last = last_per_sender.entry(*sender).or_insert(0);
-            if *seq < *last {
-                report.out_of_order += 1;
-            }
-            *last = (*last).max(*seq);
         }
     }
     report
@@ -153,7 +169,13 @@ mod tests {
     }
 
     fn got(device: &str, id: u64, seq: u64) -> Received {
-        Received { device: ("bob".into(), device.into()), id, conv: "c".into(), seq }
+        Received { device: ("bob".into(), device.into()), id, conv: "c".into(), seq, via_sync: false }
+    }
+
+    /// Arrives and is shown.
+    fn deliver(log: &mut EventLog, device: &str, id: u64, seq: u64) {
+        log.received.push(got(device, id, seq));
+        log.shown.push(got(device, id, seq));
     }
 
     fn clean_log() -> EventLog {
@@ -164,8 +186,8 @@ mod tests {
         );
         for n in 1..=5 {
             log.acked.push(acked(100 + n, n, &format!("m{n}")));
-            log.received.push(got("b1", 100 + n, n));
-            log.received.push(got("b2", 100 + n, n));
+            deliver(&mut log, "b1", 100 + n, n);
+            deliver(&mut log, "b2", 100 + n, n);
         }
         log
     }
@@ -175,12 +197,14 @@ mod tests {
         let r = check(&clean_log());
         assert!(r.is_clean(), "{r:?}");
         assert_eq!(r.acknowledged, 5);
+        assert_eq!((r.repeats_on_wire, r.recovered_by_sync), (0, 0));
     }
 
     #[test]
     fn a_withheld_message_is_lost() {
         let mut log = clean_log();
         log.received.retain(|r| !(r.device.1 == "b2" && r.id == 103));
+        log.shown.retain(|r| !(r.device.1 == "b2" && r.id == 103));
         let r = check(&log);
         assert_eq!(r.lost, 1);
         assert!(!r.is_clean());
@@ -199,22 +223,55 @@ mod tests {
     fn one_cmid_committed_twice_is_shown_twice() {
         let mut log = clean_log();
         log.acked.push(acked(999, 6, "m3"));
-        log.received.push(got("b1", 999, 6));
-        log.received.push(got("b2", 999, 6));
+        deliver(&mut log, "b1", 999, 6);
+        deliver(&mut log, "b2", 999, 6);
         assert_eq!(check(&log).shown_twice, 1);
+    }
+
+    #[test]
+    fn one_message_shown_twice_on_a_device_is_shown_twice() {
+        let mut log = clean_log();
+        log.shown.push(got("b2", 104, 4));
+        let r = check(&log);
+        assert_eq!(r.shown_twice, 1);
+        assert!(!r.is_clean());
     }
 
     #[test]
     fn reordered_or_conflicting_timelines_are_out_of_order() {
         let mut log = clean_log();
-        let i = log.received.iter().position(|r| r.device.1 == "b1" && r.id == 102).unwrap();
-        let j = log.received.iter().position(|r| r.device.1 == "b1" && r.id == 104).unwrap();
-        log.received.swap(i, j);
-        assert!(check(&log).out_of_order >= 1, "a sender's messages arrived out of seq order");
+        let i = log.shown.iter().position(|r| r.device.1 == "b1" && r.id == 102).unwrap();
+        let j = log.shown.iter().position(|r| r.device.1 == "b1" && r.id == 104).unwrap();
+        log.shown.swap(i, j);
+        assert!(check(&log).out_of_order >= 1, "a timeline shown out of seq order");
 
         let mut log = clean_log();
         log.acked.push(Acked { sender: "carol".into(), sender_device: "c1".into(), ..acked(555, 3, "x") });
-        log.received.push(got("b1", 555, 3));
+        log.shown.push(got("b1", 555, 6));
+        assert!(check(&log).out_of_order >= 1, "shown under another seq than acknowledged");
+
+        let mut log = clean_log();
+        log.shown.push(Received { device: ("bob".into(), "b3".into()), ..got("b3", 777, 2) });
         assert!(check(&log).out_of_order >= 1, "two messages with one seq");
+    }
+
+    #[test]
+    fn arrival_order_alone_is_not_disorder() {
+        let mut log = clean_log();
+        let i = log.received.iter().position(|r| r.device.1 == "b1" && r.id == 102).unwrap();
+        let j = log.received.iter().position(|r| r.device.1 == "b1" && r.id == 104).unwrap();
+        log.received.swap(i, j);
+        assert!(check(&log).is_clean(), "the client reorders what arrives out of order");
+    }
+
+    #[test]
+    fn gaps_filled_by_sync_are_counted() {
+        let mut log = clean_log();
+        for r in log.received.iter_mut().filter(|r| r.device.1 == "b2" && r.id == 105) {
+            r.via_sync = true;
+        }
+        let r = check(&log);
+        assert_eq!(r.recovered_by_sync, 1);
+        assert!(r.is_clean());
     }
 }

@@ -1,262 +1,356 @@
-//! WebSocket scenarios: `deliver` (realtime and backlog delivery) and `idle` (memory
-//! per idle connection).
+//! The scenarios: `steady` (direct conversations at a target rate), `fanout` (groups),
+//! `storm` (a reconnect storm with backlog while realtime continues), `chaos` (steady
+//! load while given commands kill and restart processes) and `idle` (memory per idle
+//! connection). Each ends with the integrity check and returns a [`ScenarioReport`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use hdrhistogram::Histogram;
-use herald_shared::auth::Platform;
-use herald_shared::client::{token, HttpClient, WsClient, WsEvent};
-use herald_shared::ids::now_ms;
-use serde_json::json;
+use anyhow::{bail, ensure, Context, Result};
+use futures::future::join_all;
+use herald_shared::device::{Device, DeviceLog};
+use serde_json::{json, Value};
 
-use crate::integrity::{self, Acked, EventLog, Received};
+use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
+use crate::integrity::IntegrityReport;
+use crate::report::ScenarioReport;
 use crate::Args;
 
-type Log<T> = Arc<Mutex<Vec<T>>>;
+/// The most members a `fanout` group may have.
+const MAX_GROUP: usize = 1000;
 
-fn micros_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+fn pairs(target: &Target, n: usize) -> Vec<Conv> {
+    (0..n)
+        .map(|k| Conv {
+            id: target.user(&format!("c{k}")),
+            sender: target.user(&format!("a{k}")),
+            receivers: vec![target.user(&format!("b{k}"))],
+        })
+        .collect()
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
+fn groups(target: &Target, tag: &str, members: usize, size: usize) -> Vec<Conv> {
+    (0..members.div_ceil(size))
+        .map(|g| Conv {
+            id: target.user(&format!("{tag}g{g}")),
+            sender: target.user(&format!("{tag}s{g}")),
+            receivers: (g * size..((g + 1) * size).min(members)).map(|i| target.user(&format!("{tag}r{i}"))).collect(),
+        })
+        .collect()
 }
 
-/// Counters shared by all receivers.
-#[derive(Default)]
-struct Tally {
-    delivered: AtomicU64,
-    caught_up: AtomicU64,
+fn receivers(convs: &[Conv]) -> Vec<String> {
+    convs.iter().flat_map(|c| c.receivers.iter().cloned()).collect()
 }
 
-/// One receiving device: acks every `msg` at once; records send-to-receipt latency.
-async fn receiver(
-    base: String,
-    (user, tok): (String, String),
-    tally: Arc<Tally>,
-    latency: Arc<Mutex<Histogram<u64>>>,
-    stop: Arc<AtomicBool>,
-    log: Log<Received>,
-) -> Result<()> {
-    let mut events = Vec::new();
-    let mut ws = WsClient::connect(&base, &tok).await.context("connect")?;
-    let mut local = histogram();
-    while !stop.load(Ordering::Relaxed) {
-        match ws.next(Duration::from_millis(500)).await {
-            Some(WsEvent::Frame(f)) => match f["t"].as_str() {
-                Some("msg") => {
-                    if let Some(t0) = f["body"]["t0"].as_u64() {
-                        let _ = local.record(micros_now().saturating_sub(t0).max(1));
-                    }
-                    tally.delivered.fetch_add(1, Ordering::Relaxed);
-                    events.push(Received {
-                        device: (user.clone(), "d".into()),
-                        id: f["id"].as_str().and_then(|i| i.parse().ok()).unwrap_or(0),
-                        conv: f["conv"].as_str().unwrap_or_default().to_string(),
-                        seq: f["seq"].as_u64().unwrap_or(0),
-                    });
-                    ws.send(&json!({"t": "ack", "ids": [f["id"]]})).await?;
-                }
-                Some("caught_up") => {
-                    tally.caught_up.fetch_add(1, Ordering::Relaxed);
-                }
-                _ => {}
-            },
-            Some(WsEvent::Closed(code)) => anyhow::bail!("closed by the server: {code:?}"),
-            None => {}
-        }
-    }
-    latency.lock().expect("histogram").add(&local).expect("same bounds");
-    log.lock().expect("log").extend(events);
-    ws.close().await;
-    Ok(())
-}
-
-fn pct(h: &Histogram<u64>) -> serde_json::Value {
-    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    json!({"p50": ms(0.5), "p95": ms(0.95), "p99": ms(0.99), "max": h.max() as f64 / 1000.0, "count": h.len()})
-}
-
-/// Realtime: receivers online, one sender per group in a closed loop. Backlog: the
-/// receivers go offline, each group gets `backlog` messages, everyone reconnects at once.
-pub async fn deliver(args: &Args) -> Result<()> {
-    let gateways: Vec<String> = args.text("gateways", "http://127.0.0.1:8080").split(',').map(str::to_owned).collect();
-    let receivers: usize = args.get("receivers", 1000)?;
-    let group: usize = args.get("group", 10)?;
-    let duration = Duration::from_secs(args.get("duration", 20)?);
-    let backlog: usize = args.get("backlog", 50)?;
-    let secret = args.secret()?;
-    let tenant = args.text("tenant", "bench");
-    let run = format!("{:x}", now_ms());
-    let groups = receivers.div_ceil(group);
-    let http = reqwest::Client::builder().pool_max_idle_per_host(groups + 16).build()?;
-    let sender_of = |g: usize| {
-        HttpClient::with_http(
-            http.clone(),
-            gateways[g % gateways.len()].clone(),
-            token(&secret, &tenant, &format!("{run}-s{g}"), "d", Platform::Server),
-        )
-    };
-    let member = |i: usize| format!("{run}-r{i}");
-
-    eprintln!("provisioning {groups} groups of {group} receivers (+1 sender each) ...");
-    for g in 0..groups {
-        let mut members: Vec<String> = (g * group..((g + 1) * group).min(receivers)).map(member).collect();
-        members.push(format!("{run}-s{g}"));
-        let refs: Vec<&str> = members.iter().map(String::as_str).collect();
-        sender_of(g).create_conversation(Some(&format!("{run}-g{g}")), "group", &refs).await?;
-    }
-    let tok = |i: usize| (member(i), token(&secret, &tenant, &member(i), "d", Platform::Desktop));
-    let received: Log<Received> = Arc::new(Mutex::new(Vec::new()));
-    let acked: Log<Acked> = Arc::new(Mutex::new(Vec::new()));
-    let mut recipients = std::collections::HashMap::new();
-    for g in 0..groups {
-        let devices: Vec<(String, String)> =
-            (g * group..((g + 1) * group).min(receivers)).map(|i| (member(i), "d".to_string())).collect();
-        recipients.insert(format!("{run}-g{g}"), devices);
-    }
-
-    let connect_all = |tally: Arc<Tally>, latency: Arc<Mutex<Histogram<u64>>>, stop: Arc<AtomicBool>| {
-        (0..receivers)
-            .map(|i| {
-                tokio::spawn(receiver(
-                    gateways[i % gateways.len()].clone(),
-                    tok(i),
-                    tally.clone(),
-                    latency.clone(),
-                    stop.clone(),
-                    received.clone(),
-                ))
-            })
-            .collect::<Vec<_>>()
-    };
-
-    // Realtime phase.
-    let tally = Arc::new(Tally::default());
-    let latency = Arc::new(Mutex::new(histogram()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = connect_all(tally.clone(), latency.clone(), stop.clone());
-    while tally.caught_up.load(Ordering::Relaxed) < receivers as u64 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    eprintln!("{receivers} receivers connected; realtime phase for {duration:?}");
-    let send_stop = Arc::new(AtomicBool::new(false));
-    let send_hist = Arc::new(Mutex::new(histogram()));
-    let mut senders = Vec::new();
-    for g in 0..groups {
-        let (c, stop, hist, acked) = (sender_of(g), send_stop.clone(), send_hist.clone(), acked.clone());
-        let conv = format!("{run}-g{g}");
-        let sender = format!("{run}-s{g}");
-        senders.push(tokio::spawn(async move {
-            let mut local = histogram();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let cmid = format!("rt{n}");
-                if let Ok(r) = c.send_until_committed(&cmid, &conv, &json!({"t0": micros_now()}), 10).await {
-                    let _ = local.record(t.elapsed().as_micros() as u64);
-                    acked.lock().expect("log").push(Acked::of(&r, &sender, "d", cmid));
-                }
-                n += 1;
-            }
-            hist.lock().expect("histogram").add(&local).expect("same bounds");
-        }));
-    }
+/// Connects one device per user and waits until all of them are caught up.
+async fn connect(
+    target: &Target,
+    users: &[String],
+    rec: &Arc<Recorder>,
+    offset: usize,
+) -> Result<Vec<(String, Device)>> {
+    let before = rec.caught_up.load(Ordering::Relaxed);
+    let devices: Vec<(String, Device)> =
+        users.iter().enumerate().map(|(i, u)| (u.clone(), target.device(offset + i, u, rec))).collect();
     let started = Instant::now();
-    let mut last = 0;
-    while started.elapsed() < duration {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = tally.delivered.load(Ordering::Relaxed);
-        eprintln!("[{:>4.0}s] {:>7} deliveries+acks/s", started.elapsed().as_secs_f64(), now - last);
-        last = now;
+    while rec.caught_up.load(Ordering::Relaxed) < before + users.len() as u64 {
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "only {} of {} devices caught up within 120 s",
+            rec.caught_up.load(Ordering::Relaxed) - before,
+            users.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    send_stop.store(true, Ordering::Relaxed);
-    for s in senders {
-        s.await?;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let realtime_secs = started.elapsed().as_secs_f64();
-    let delivered = tally.delivered.load(Ordering::Relaxed);
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        if let Err(e) = t.await? {
-            eprintln!("receiver: {e}");
+    Ok(devices)
+}
+
+/// Catch-up times of every session after a device's first (its reconnects).
+fn reconnect_catch_ups(logs: &[(String, DeviceLog)]) -> Pct {
+    let mut h = histogram();
+    for (_, l) in logs {
+        for d in l.catch_ups.iter().skip(1) {
+            let _ = h.record((d.as_micros() as u64).max(1));
         }
     }
+    Pct::of(&h)
+}
 
-    // Backlog phase: everyone offline, `backlog` messages per group, then a storm.
-    let mut backlog_report = serde_json::Value::Null;
-    if backlog > 0 {
-        eprintln!("queueing {backlog} messages for each of {groups} groups while receivers are offline ...");
-        let mut fill = Vec::new();
-        for g in 0..groups {
-            let (c, acked) = (sender_of(g), acked.clone());
-            let conv = format!("{run}-g{g}");
-            let sender = format!("{run}-s{g}");
-            fill.push(tokio::spawn(async move {
-                for n in 0..backlog {
-                    let cmid = format!("bl{n}");
-                    if let Ok(r) = c.send_until_committed(&cmid, &conv, &json!({"t0": micros_now()}), 20).await {
-                        acked.lock().expect("log").push(Acked::of(&r, &sender, "d", cmid));
-                    }
+struct Finished {
+    integrity: IntegrityReport,
+    logs: Vec<(String, DeviceLog)>,
+}
+
+fn report(
+    name: &str,
+    params: Value,
+    rec: &Recorder,
+    send_window: f64,
+    deliveries_in_window: u64,
+    done: &Finished,
+    extra: Value,
+) -> ScenarioReport {
+    let sends = rec.sends.load(Ordering::Relaxed);
+    ScenarioReport {
+        scenario: name.into(),
+        params,
+        duration_s: rec.elapsed().as_secs_f64(),
+        send_window_s: send_window,
+        acknowledged_sends: sends,
+        send_errors: rec.send_errors.load(Ordering::Relaxed),
+        sends_per_s: sends as f64 / send_window.max(1e-9),
+        send_ack_ms: rec.send_ack(),
+        deliveries: rec.delivered.load(Ordering::Relaxed),
+        deliveries_per_s: deliveries_in_window as f64 / send_window.max(1e-9),
+        delivery_realtime_ms: rec.realtime(),
+        delivery_backlog_ms: rec.backlog(),
+        catch_up_ms: rec.catch_up(),
+        reconnect_catch_up_ms: reconnect_catch_ups(&done.logs),
+        integrity: done.integrity.clone(),
+        series: rec.series(),
+        extra,
+    }
+}
+
+/// A chaos action: a shell command run `at` seconds after sending starts.
+#[derive(Clone, Debug)]
+pub struct Action {
+    pub at: f64,
+    pub command: String,
+}
+
+impl std::str::FromStr for Action {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Action> {
+        let (at, command) = s.split_once('=').context("an action is SECONDS=COMMAND")?;
+        let at: f64 = at.trim().parse().with_context(|| format!("action time {at:?} is not a number of seconds"))?;
+        ensure!(!command.trim().is_empty(), "action at {at} s has no command");
+        Ok(Action { at, command: command.trim().to_owned() })
+    }
+}
+
+/// Live traffic into `convs` for `duration`, then settle and check. Shared by
+/// `steady`, `fanout` and `chaos`.
+async fn live(
+    name: &'static str,
+    args: &Args,
+    target: &Target,
+    convs: Vec<Conv>,
+    kind: &str,
+    params: Value,
+) -> Result<ScenarioReport> {
+    let rate: f64 = args.get("rate", 2000.0)?;
+    let payload: usize = args.get("payload", 100)?;
+    let duration = Duration::from_secs_f64(args.get("duration", 20.0)?);
+    let actions: Vec<Action> = args.all("action").iter().map(|a| a.parse()).collect::<Result<_>>()?;
+    ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
+
+    engine::provision(target, &convs, kind).await?;
+    let users = receivers(&convs);
+    let rec = Recorder::new();
+    let monitor_stop = Arc::new(AtomicBool::new(false));
+    let monitor = rec.monitor(name, Duration::from_secs(1), monitor_stop.clone());
+    eprintln!("connecting {} devices ...", users.len());
+    let devices = connect(target, &users, &rec, 0).await?;
+    rec.note(format!("{} devices online; sending for {duration:?} at {rate} msg/s", users.len()));
+
+    let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let delivered_before = rec.delivered.load(Ordering::Relaxed);
+    let send_start = Instant::now();
+    let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
+    let senders = engine::spawn_senders(target, &convs, &plan, &rec, &acked, &stop);
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let chaos = {
+        let (rec, outcomes) = (rec.clone(), outcomes.clone());
+        tokio::spawn(async move {
+            for a in actions {
+                tokio::time::sleep_until((send_start + Duration::from_secs_f64(a.at)).into()).await;
+                rec.note(format!("action: {}", a.command));
+                let t = Instant::now();
+                let out = tokio::process::Command::new("sh").arg("-c").arg(&a.command).output().await;
+                let status = match &out {
+                    Ok(o) if o.status.success() => "ok".to_string(),
+                    Ok(o) => format!("exit {:?}: {}", o.status.code(), String::from_utf8_lossy(&o.stderr).trim()),
+                    Err(e) => format!("could not run: {e}"),
+                };
+                if status != "ok" {
+                    rec.note(format!("action failed: {status}"));
                 }
-            }));
-        }
-        for f in fill {
-            f.await?;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let tally = Arc::new(Tally::default());
-        let latency_b = Arc::new(Mutex::new(histogram()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let storm = Instant::now();
-        let tasks = connect_all(tally.clone(), latency_b.clone(), stop.clone());
-        let expected = (receivers * backlog) as u64;
-        while tally.caught_up.load(Ordering::Relaxed) < receivers as u64 && storm.elapsed() < Duration::from_secs(300) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let drain = storm.elapsed().as_secs_f64();
-        let got = tally.delivered.load(Ordering::Relaxed);
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            let _ = t.await?;
-        }
-        eprintln!("backlog of {expected} drained in {drain:.2} s ({got} delivered)");
-        backlog_report =
-            json!({"messages": expected, "delivered": got, "drain_s": drain, "rate_msg_s": got as f64 / drain});
-    }
-
-    let log = EventLog {
-        acked: std::mem::take(&mut *acked.lock().expect("log")),
-        received: std::mem::take(&mut *received.lock().expect("log")),
-        recipients,
+                outcomes.lock().expect("outcomes").push(
+                    json!({"at_s": a.at, "command": a.command, "status": status, "took_s": t.elapsed().as_secs_f64()}),
+                );
+            }
+        })
     };
-    let report = integrity::check(&log);
-    eprintln!("integrity: {report:?}");
-    let summary = json!({
-        "scenario": "deliver",
-        "integrity": report,
-        "receivers": receivers,
-        "group_size": group,
-        "gateways": gateways.len(),
-        "realtime": {
-            "duration_s": realtime_secs,
-            "deliveries_acked": delivered,
-            "deliveries_per_s": delivered as f64 / realtime_secs,
-            "delivery_latency_ms": pct(&latency.lock().expect("histogram")),
-            "send_ack_ms": pct(&send_hist.lock().expect("histogram")),
-        },
-        "backlog": backlog_report,
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    rec.note("sending stopped; waiting for retries and deliveries to settle");
+    join_all(senders).await;
+    let send_window = send_start.elapsed().as_secs_f64();
+    let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    chaos.await?;
+    let settle = engine::settle(&rec, users.len(), Duration::from_secs(3), Duration::from_secs(180)).await;
+    rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
+    monitor_stop.store(true, Ordering::Relaxed);
+    monitor.await?;
+    let (integrity, logs) = engine::finish(devices, &convs, &acked).await;
+    let sessions: u32 = logs.iter().map(|(_, l)| l.sessions).sum();
+    let extra = json!({
+        "devices": users.len(),
+        "sessions": sessions,
+        "settle_s": settle.as_secs_f64(),
+        "actions": *outcomes.lock().expect("outcomes"),
     });
-    println!("{}", serde_json::to_string_pretty(&summary)?);
-    if let Some(path) = args.0.get("json") {
-        std::fs::write(path, serde_json::to_string_pretty(&summary)?)?;
+    let done = Finished { integrity, logs };
+    Ok(report(name, params, &rec, send_window, delivered_in_window, &done, extra))
+}
+
+/// `steady`: `--conversations` direct conversations, a device online for each
+/// recipient, `--rate` sends per second over HTTP.
+pub async fn steady(args: &Args) -> Result<ScenarioReport> {
+    let target = Target::from_args(args)?;
+    let n: usize = args.get("conversations", 500)?;
+    ensure!(n > 0, "--conversations must be at least 1");
+    let params = json!({"conversations": n, "rate": args.get("rate", 2000.0)?, "duration_s": args.get("duration", 20.0)?, "payload_bytes": args.get("payload", 100)?, "gateways": target.gateways.len()});
+    live("steady", args, &target, pairs(&target, n), "direct", params).await
+}
+
+/// `fanout`: `--receivers` devices in groups of `--group` (up to 1 000), one sender
+/// per group, `--rate` sends per second in total.
+pub async fn fanout(args: &Args) -> Result<ScenarioReport> {
+    let target = Target::from_args(args)?;
+    let n: usize = args.get("receivers", 2000)?;
+    let size: usize = args.get("group", 100)?;
+    ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
+    ensure!(n > 0, "--receivers must be at least 1");
+    let params = json!({"receivers": n, "group": size, "rate": args.get("rate", 2000.0)?, "duration_s": args.get("duration", 20.0)?, "payload_bytes": args.get("payload", 100)?, "gateways": target.gateways.len()});
+    live("fanout", args, &target, groups(&target, "", n, size), "group", params).await
+}
+
+/// `chaos`: `steady` while each `--action SECONDS=COMMAND` runs at its time (kill a
+/// gateway, restart it, kill the worker, ...); the check waits for everyone to catch up.
+pub async fn chaos(args: &Args) -> Result<ScenarioReport> {
+    let target = Target::from_args(args)?;
+    let n: usize = args.get("conversations", 300)?;
+    ensure!(!args.all("action").is_empty(), "chaos needs at least one --action SECONDS=COMMAND");
+    let params = json!({"conversations": n, "rate": args.get("rate", 2000.0)?, "duration_s": args.get("duration", 20.0)?, "actions": args.all("action"), "gateways": target.gateways.len()});
+    live("chaos", args, &target, pairs(&target, n), "direct", params).await
+}
+
+/// `storm`: `--devices` devices (in groups of `--group`) each get `--backlog`
+/// messages while offline, then all reconnect at once while `--realtime` direct
+/// conversations keep receiving `--rate` messages per second.
+pub async fn storm(args: &Args) -> Result<ScenarioReport> {
+    let target = Target::from_args(args)?;
+    let n: usize = args.get("devices", 5000)?;
+    let backlog: usize = args.get("backlog", 200)?;
+    let size: usize = args.get("group", 50)?;
+    let rt_pairs: usize = args.get("realtime", 100)?;
+    let rate: f64 = args.get("rate", 200.0)?;
+    let baseline = Duration::from_secs_f64(args.get("baseline", 5.0)?);
+    ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
+    ensure!(n > 0 && backlog > 0 && rt_pairs > 0, "--devices, --backlog and --realtime must be at least 1");
+    let params = json!({"devices": n, "backlog": backlog, "group": size, "realtime_conversations": rt_pairs, "realtime_rate": rate, "gateways": target.gateways.len()});
+
+    let storm_convs = groups(&target, "st", n, size);
+    let rt_convs = pairs(&target, rt_pairs);
+    engine::provision(&target, &rt_convs, "direct").await?;
+    engine::provision(&target, &storm_convs, "group").await?;
+    let storm_users = receivers(&storm_convs);
+    engine::register(&target, &storm_users).await?;
+
+    let rec = Recorder::new();
+    let monitor_stop = Arc::new(AtomicBool::new(false));
+    let monitor = rec.monitor("storm", Duration::from_millis(250), monitor_stop.clone());
+    let rt_users = receivers(&rt_convs);
+    let mut devices = connect(&target, &rt_users, &rec, 0).await?;
+    let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let send_start = Instant::now();
+    let delivered_before = rec.delivered.load(Ordering::Relaxed);
+    let plan = SendPlan { rate, payload: 100, cmid_prefix: "rt".into() };
+    let senders = engine::spawn_senders(&target, &rt_convs, &plan, &rec, &acked, &stop);
+    let base_from = rec.elapsed().as_secs_f64();
+    rec.note(format!("realtime baseline for {baseline:?}"));
+    tokio::time::sleep(baseline).await;
+    let base_to = rec.elapsed().as_secs_f64();
+
+    rec.note(format!(
+        "queueing {backlog} messages into each of {} groups ({} deliveries)",
+        storm_convs.len(),
+        n * backlog
+    ));
+    let fill = storm_convs.iter().enumerate().map(|(k, c)| {
+        let clients: Vec<_> = (0..target.gateways.len()).map(|g| target.http_as(g, &c.sender, "s")).collect();
+        let (acked, rec) = (acked.clone(), rec.clone());
+        async move {
+            for m in 0..backlog {
+                let cmid = format!("bl{m}");
+                let body = json!({"t0": engine::micros_now()});
+                let t = Instant::now();
+                match engine::send_durably(&clients, k, &cmid, &c.id, &body, Duration::from_secs(120)).await {
+                    Ok(r) => {
+                        rec.send_acked(t.elapsed());
+                        acked.lock().expect("log").push(crate::integrity::Acked::of(&r, &c.sender, "s", cmid));
+                    }
+                    Err(e) => bail!("queueing backlog into {}: {e}", c.id),
+                }
+            }
+            Ok(())
+        }
+    });
+    for r in join_all(fill).await {
+        r?;
     }
-    anyhow::ensure!(report.is_clean(), "integrity check failed: {report:?}");
-    Ok(())
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let expected = (n * backlog) as u64;
+    let before = rec.backlog_delivered.load(Ordering::Relaxed);
+    let storm_from = rec.elapsed().as_secs_f64();
+    rec.note(format!("storm: {n} devices reconnect at once"));
+    let storm_start = Instant::now();
+    let caught_before = rec.caught_up.load(Ordering::Relaxed);
+    let storm_devices: Vec<(String, Device)> =
+        storm_users.iter().enumerate().map(|(i, u)| (u.clone(), target.device(rt_pairs + i, u, &rec))).collect();
+    while rec.caught_up.load(Ordering::Relaxed) < caught_before + n as u64
+        && storm_start.elapsed() < Duration::from_secs(600)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drain = storm_start.elapsed().as_secs_f64();
+    let drained = rec.backlog_delivered.load(Ordering::Relaxed) - before;
+    rec.note(format!("backlog drained in {drain:.2} s ({drained} of {expected} delivered)"));
+    let storm_to = rec.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    join_all(senders).await;
+    let send_window = send_start.elapsed().as_secs_f64();
+    let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    devices.extend(storm_devices);
+    let settle = engine::settle(&rec, rt_pairs + n, Duration::from_secs(2), Duration::from_secs(120)).await;
+    monitor_stop.store(true, Ordering::Relaxed);
+    monitor.await?;
+    let mut convs = rt_convs;
+    convs.extend(storm_convs);
+    let (integrity, logs) = engine::finish(devices, &convs, &acked).await;
+    let (base_p99, storm_p99) =
+        (rec.realtime_p99_between(base_from, base_to), rec.realtime_p99_between(storm_from, storm_to));
+    let extra = json!({
+        "backlog_deliveries": expected,
+        "drained": drained,
+        "drain_s": drain,
+        "drain_rate_msg_s": drained as f64 / drain.max(1e-9),
+        "storm_from_s": storm_from,
+        "storm_to_s": storm_to,
+        "realtime_p99_baseline_ms": base_p99,
+        "realtime_p99_during_storm_ms": storm_p99,
+        "realtime_p99_ratio": if base_p99 > 0.0 { storm_p99 / base_p99 } else { 0.0 },
+        "settle_s": settle.as_secs_f64(),
+    });
+    Ok(report("storm", params, &rec, send_window, delivered_in_window, &Finished { integrity, logs }, extra))
 }
 
 fn rss_kib(pid: u32) -> Result<u64> {
@@ -267,50 +361,93 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .context("VmRSS missing")
 }
 
-/// Opens idle sessions and reports the gateway's RSS growth per connection.
-pub async fn idle(args: &Args) -> Result<()> {
-    let gateways: Vec<String> = args.text("gateways", "http://127.0.0.1:8080").split(',').map(str::to_owned).collect();
+/// `idle`: `--connections` idle sessions on one gateway (`--gateway-pid` is measured),
+/// held for `--hold` seconds; then one message into every group of `--group` checks
+/// that every idle session still delivers.
+pub async fn idle(args: &Args) -> Result<ScenarioReport> {
+    let target = Target::from_args(args)?;
     let n: usize = args.get("connections", 10_000)?;
     let pid: u32 = args.get("gateway-pid", 0)?;
-    anyhow::ensure!(pid > 0, "--gateway-pid is required (the gateway whose memory is measured)");
-    let secret = args.secret()?;
-    let tenant = args.text("tenant", "bench");
-    let run = format!("{:x}", now_ms());
+    let size: usize = args.get("group", 500)?;
+    let rate: f64 = args.get("connect-rate", 2000.0)?;
+    let hold = Duration::from_secs_f64(args.get("hold", 10.0)?);
+    ensure!(pid > 0, "--gateway-pid is required (the gateway whose memory is measured)");
+    ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
+    ensure!(rate > 0.0, "--connect-rate must be > 0");
+    let target = Target { gateways: vec![target.gateways[0].clone()], ..target };
+    let params = json!({"connections": n, "group": size, "connect_rate": rate, "hold_s": hold.as_secs_f64(), "local_ips": target.local_ips.len()});
+
+    let convs = groups(&target, "i", n, size);
+    engine::provision(&target, &convs, "group").await?;
+    let users = receivers(&convs);
+    let rec = Recorder::new();
+    let monitor_stop = Arc::new(AtomicBool::new(false));
+    let monitor = rec.monitor("idle", Duration::from_secs(1), monitor_stop.clone());
     let before = rss_kib(pid)?;
-    let mut conns = Vec::with_capacity(n);
-    let started = Instant::now();
-    for i in 0..n {
-        let tok = token(&secret, &tenant, &format!("{run}-i{i}"), "d", Platform::Web);
-        let mut ws = WsClient::connect(&gateways[0], &tok).await.with_context(|| format!("connection {i}"))?;
-        match ws.next(Duration::from_secs(10)).await {
-            Some(WsEvent::Frame(f)) if f["t"] == "hello" => conns.push(ws),
-            Some(WsEvent::Frame(f)) if f["code"] == "rate_limited" => {
-                tokio::time::sleep(Duration::from_millis(f["retry_after_ms"].as_u64().unwrap_or(100))).await;
-            }
-            other => anyhow::bail!("connection {i}: {other:?}"),
-        }
-        if (i + 1) % 1000 == 0 {
-            eprintln!("{} connections open, gateway RSS {} KiB", i + 1, rss_kib(pid)?);
-        }
+    let open_start = Instant::now();
+    let mut devices = Vec::with_capacity(n);
+    for (i, u) in users.iter().enumerate() {
+        devices.push((u.clone(), target.device(i, u, &rec)));
+        tokio::time::sleep_until((open_start + Duration::from_secs_f64((i + 1) as f64 / rate)).into()).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    while rec.caught_up.load(Ordering::Relaxed) < n as u64 {
+        ensure!(
+            open_start.elapsed() < Duration::from_secs(60) + Duration::from_secs_f64(n as f64 / rate),
+            "only {} of {n} sessions came up",
+            rec.caught_up.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let open_s = open_start.elapsed().as_secs_f64();
+    rec.note(format!("{n} idle sessions open in {open_s:.1} s; holding for {hold:?}"));
+    tokio::time::sleep(hold).await;
     let after = rss_kib(pid)?;
-    let open = conns.len();
-    let per = (after.saturating_sub(before)) as f64 / open.max(1) as f64;
-    let summary = json!({
-        "scenario": "idle",
-        "connections": open,
-        "open_s": started.elapsed().as_secs_f64(),
+    let online = rec.online.load(Ordering::Relaxed);
+    let sessions_before = rec.caught_up.load(Ordering::Relaxed);
+
+    rec.note("one message into every group");
+    let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
+    let send_start = Instant::now();
+    let sends = convs.iter().enumerate().map(|(k, c)| {
+        let clients = vec![target.http_as(k, &c.sender, "s")];
+        let (acked, rec) = (acked.clone(), rec.clone());
+        async move {
+            let t = Instant::now();
+            let r = engine::send_durably(
+                &clients,
+                0,
+                "idle-check",
+                &c.id,
+                &json!({"t0": engine::micros_now()}),
+                Duration::from_secs(60),
+            )
+            .await?;
+            rec.send_acked(t.elapsed());
+            acked.lock().expect("log").push(crate::integrity::Acked::of(&r, &c.sender, "s", "idle-check".into()));
+            Ok::<_, herald_shared::client::ClientError>(())
+        }
+    });
+    for r in join_all(sends).await {
+        r?;
+    }
+    let settle = engine::settle(&rec, n, Duration::from_secs(2), Duration::from_secs(60)).await;
+    let send_window = send_start.elapsed().as_secs_f64();
+    monitor_stop.store(true, Ordering::Relaxed);
+    monitor.await?;
+    let reconnects = rec.caught_up.load(Ordering::Relaxed) - sessions_before;
+    let (integrity, logs) = engine::finish(devices, &convs, &acked).await;
+    let per = after.saturating_sub(before) as f64 / n.max(1) as f64;
+    eprintln!("{n} idle connections: gateway RSS {before} -> {after} KiB, {per:.1} KiB per connection");
+    let extra = json!({
+        "connections": n,
+        "online_after_hold": online,
+        "sessions_lost_during_hold": reconnects,
+        "open_s": open_s,
         "gateway_rss_kib_before": before,
         "gateway_rss_kib_after": after,
         "rss_kib_per_connection": per,
+        "settle_s": settle.as_secs_f64(),
     });
-    println!("{}", serde_json::to_string_pretty(&summary)?);
-    if let Some(path) = args.0.get("json") {
-        std::fs::write(path, serde_json::to_string_pretty(&summary)?)?;
-    }
-    for c in conns {
-        c.close().await;
-    }
-    Ok(())
+    let delivered = rec.delivered.load(Ordering::Relaxed);
+    Ok(report("idle", params, &rec, send_window, delivered, &Finished { integrity, logs }, extra))
 }

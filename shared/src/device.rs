@@ -70,8 +70,8 @@ pub struct DeviceLog {
 
 /// Live callbacks, for counters and latency histograms while a run goes on.
 pub trait Observer: Send + Sync + 'static {
-    /// A `msg` frame arrived (repeats included).
-    fn message(&self, frame: &Value, via: Via);
+    /// A `msg` frame arrived (repeats included), this long after its session's upgrade.
+    fn message(&self, frame: &Value, via: Via, into_session: Duration);
     /// A session reached `caught_up`, this long after its upgrade.
     fn caught_up(&self, after: Duration);
     /// The device is connected (`true`) or lost its session (`false`).
@@ -271,7 +271,7 @@ async fn session(
                 Some(WsEvent::Frame(f)) => match f["t"].as_str() {
                     Some("msg") => {
                         let via = if caught_up { Via::Realtime } else { Via::Backlog };
-                        observer.message(&f, via);
+                        observer.message(&f, via, started.elapsed());
                         if let (Some(id), Some(conv), Some(seq)) = (parse_id(&f["id"]), f["conv"].as_str(), f["seq"].as_u64()) {
                             st.arrive(id, conv, seq, via);
                         }
@@ -279,12 +279,10 @@ async fn session(
                             return Ended::Lost;
                         }
                     }
-                    Some("caught_up") => {
-                        if !caught_up {
-                            caught_up = true;
-                            st.log.catch_ups.push(started.elapsed());
-                            observer.caught_up(started.elapsed());
-                        }
+                    Some("caught_up") if !caught_up => {
+                        caught_up = true;
+                        st.log.catch_ups.push(started.elapsed());
+                        observer.caught_up(started.elapsed());
                     }
                     Some("history") => {
                         let conv = f["conv"].as_str().unwrap_or_default().to_owned();

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The standard capacity suite: starts a local Herald (one worker, two gateways; release
+# build; its own database, Redis prefix and ports, so it can run beside scripts/run.sh),
+# runs the scenarios steady, fanout, storm, idle and chaos, and writes
+# docs/capacity-report.md with the numbers next to the targets of DESIGN.md section 6
+# (scenario reports, JSON and SVG charts in docs/capacity/).
+#
+#   scripts/capacity.sh            # the standard suite (about 6 minutes on 2 cores)
+#   SCALE=quick scripts/capacity.sh  # a small, quick pass of the same scenarios
+#   OUT=/tmp/cap REPORT=/tmp/cap/report.md scripts/capacity.sh
+set -euo pipefail
+export HD_DATABASE=${HD_DATABASE:-herald_capacity}
+export HD_GW1_PORT=${HD_GW1_PORT:-8180} HD_GW2_PORT=${HD_GW2_PORT:-8181}
+export HD_GW1_ADMIN=${HD_GW1_ADMIN:-9190} HD_WK1_ADMIN=${HD_WK1_ADMIN:-9191} HD_GW2_ADMIN=${HD_GW2_ADMIN:-9192}
+export HD_STATE_DIR=${HD_STATE_DIR:-"$(cd "$(dirname "$0")/.." && pwd)/run/capacity"}
+source "$(dirname "$0")/cluster.sh"
+ensure_mariadb
+ensure_redis
+cluster_env
+export HERALD_REDIS_KEY_PREFIX=${HERALD_REDIS_KEY_PREFIX:-cap}
+# The suite measures the system, not the per-device send limit.
+export HERALD_GATEWAY__SEND_RATE=${HERALD_GATEWAY__SEND_RATE:-1000000}
+export HERALD_GATEWAY__SEND_BURST=${HERALD_GATEWAY__SEND_BURST:-1000000}
+export HERALD_GATEWAY__ADMISSION_RATE=${HERALD_GATEWAY__ADMISSION_RATE:-20000}
+export HERALD_GATEWAY__ADMISSION_BURST=${HERALD_GATEWAY__ADMISSION_BURST:-20000}
+OUT=${OUT:-docs/capacity}
+REPORT=${REPORT:-docs/capacity-report.md}
+SCALE=${SCALE:-standard}
+
+log "building (release)"
+cargo build --release --bins -q
+log "fresh database $HD_DATABASE and Redis prefix $HERALD_REDIS_KEY_PREFIX"
+mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS $HD_DATABASE" 2>/dev/null \
+  || mariadb -u root -e "DROP DATABASE IF EXISTS $HD_DATABASE"
+redis-cli -h 127.0.0.1 -p 6379 --scan --pattern "$HERALD_REDIS_KEY_PREFIX:*" | xargs -r -n 500 redis-cli -h 127.0.0.1 -p 6379 del >/dev/null
+"$HD_BIN/herald-worker" migrate
+
+stop() {
+  for n in gw-1 gw-2 wk-1; do [ -f "$HD_PIDS/$n.pid" ] && kill "$(node_pid $n)" 2>/dev/null || true; done
+}
+trap stop EXIT INT TERM
+for n in wk-1 gw-1 gw-2; do start_node $n; done
+for n in wk-1 gw-1 gw-2; do wait_ready $n; done
+
+if [ "$SCALE" = quick ]; then
+  STEADY="--conversations 100 --rate 500 --duration 8"
+  FANOUT="--receivers 400 --group 100 --rate 100 --duration 8"
+  STORM="--devices 500 --backlog 50 --group 50 --realtime 20 --rate 50 --baseline 3"
+  IDLE="--connections 2000 --hold 3"
+  CHAOS="--conversations 100 --rate 300 --duration 24"
+else
+  STEADY="--conversations 1000 --rate 5000 --duration 30"
+  FANOUT="--receivers 4000 --group 200 --rate 0 --duration 30"
+  STORM="--devices 5000 --backlog 200 --group 50 --realtime 100 --rate 200 --baseline 5"
+  # The machine allows 20 000 open files per process: 18 000 sessions is its ceiling.
+  IDLE="--connections 18000 --hold 10 --connect-rate 3000"
+  CHAOS="--conversations 300 --rate 1000 --duration 40"
+fi
+gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
+lt() { "$HD_BIN/herald-loadtest" "$@" --gateways "$gws" --out "$OUT"; }
+mkdir -p "$OUT"
+rm -f "$OUT"/*.json
+
+log "steady"; lt steady $STEADY
+log "fanout"; lt fanout $FANOUT
+log "storm"; lt storm $STORM
+log "idle"; lt idle $IDLE --gateway-pid "$(node_pid gw-1)"
+log "chaos: gateway gw-2 and worker wk-1 killed and restarted under load"
+lt chaos $CHAOS \
+  --action "4=scripts/node.sh kill gw-2" \
+  --action "8=scripts/node.sh start gw-2" \
+  --action "12=scripts/node.sh kill wk-1" \
+  --action "15=scripts/node.sh start wk-1"
+
+machine="$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), $(date -u +%Y-%m-%d)"
+"$HD_BIN/herald-loadtest" report --dir "$OUT" --out "$REPORT" --machine "$machine"
+log "capacity report: $REPORT"
