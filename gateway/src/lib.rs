@@ -8,18 +8,23 @@
 //! - [`history`]: reads from MySQL (history, device sync, frames of backlog).
 //! - [`ws`], [`session`], [`sessions`]: WebSocket sessions and their registry.
 //! - [`error`]: the API error type.
+//! - [`limits`]: rate and connection limits; [`listener`]: the public listener.
 
 pub mod auth;
 pub mod conversations;
 pub mod error;
 pub mod history;
 pub mod limits;
+pub mod listener;
 pub mod messages;
 pub mod notices;
 pub mod recovery;
 pub mod session;
 pub mod sessions;
 pub mod ws;
+
+#[cfg(test)]
+mod body_strategies;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -107,7 +112,38 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sync", get(history::sync))
         .route("/v1/ws", get(ws::upgrade))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::map_response(protocol_error_body))
         .with_state(state)
+}
+
+/// Refusals that come from axum itself (unknown path, body over the limit, a plain GET
+/// on the WebSocket path) get the protocol's JSON error body like every other error.
+async fn protocol_error_body(resp: axum::response::Response) -> axum::response::Response {
+    use herald_shared::error::ErrorCode;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (code, message) = match status.as_u16() {
+        401 => (ErrorCode::Unauthorized, "unauthorized"),
+        403 => (ErrorCode::Forbidden, "forbidden"),
+        404 => (ErrorCode::NotFound, "no such resource"),
+        409 => (ErrorCode::Conflict, "conflict"),
+        413 => (ErrorCode::TooLarge, "request body too large"),
+        429 => (ErrorCode::RateLimited, "too many requests; retry later"),
+        503 => (ErrorCode::Unavailable, "unavailable; retry"),
+        500..=599 => (ErrorCode::Internal, "internal error"),
+        _ => (ErrorCode::BadRequest, status.canonical_reason().unwrap_or("bad request")),
+    };
+    let mut out = herald_shared::ops::error_response(code, message);
+    if let Some(retry) = resp.headers().get(axum::http::header::RETRY_AFTER) {
+        out.headers_mut().insert(axum::http::header::RETRY_AFTER, retry.clone());
+    }
+    out
 }
 
 async fn register(Caller(c): Caller) -> Json<serde_json::Value> {
@@ -170,13 +206,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             tracing::error!(error = %e, "admin listener failed");
         }
     });
-    let c = listener_cancel.clone();
     let app = router(state.clone());
-    tasks.spawn(async move {
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { c.cancelled().await }).await {
-            tracing::error!(error = %e, "public listener failed");
-        }
-    });
+    let header_timeout = Duration::from_millis(state.cfg.gateway.handshake_timeout_ms);
+    tasks.spawn(listener::serve(listener, app, header_timeout, listener_cancel.clone()));
     tasks.close();
 
     shutdown.await;
@@ -216,7 +248,7 @@ async fn health_loop(state: AppState, ready: Readiness, cancel: CancellationToke
             }
         }
         ready.set(db_ok && epoch.is_ok());
-        state.limits.http_sends.retain_recent();
+        state.limits.retain_recent();
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}

@@ -483,7 +483,10 @@ impl Session {
                     self.error_frame(e.code, &e.message, Some(s.cmid)).await;
                     return Step::Continue;
                 }
-                if let Err(wait) = crate::limits::take(&self.send_bucket, 1) {
+                // The device's bucket, then the tenant's (gateway.tenant_send_rate).
+                if let Err(wait) = crate::limits::take(&self.send_bucket, 1)
+                    .and_then(|()| self.state.limits.tenant_send(&self.claims.tid))
+                {
                     metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
                     let f = json!({"t": "error", "code": "rate_limited", "message": "too many sends; retry later",
                         "ref": s.cmid, "retry_after_ms": wait.as_millis().max(1) as u64});

@@ -12,6 +12,7 @@ use axum::response::Response;
 use herald_shared::auth::verify;
 
 use crate::auth::{register_device, token_of};
+use crate::limits::ConnectionRefused;
 use crate::session::Session;
 use crate::AppState;
 
@@ -38,12 +39,14 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     // Explicit buffer sizes: tungstenite's defaults hold 128 KiB + 128 KiB per connection.
     // The hard message cap is generous; the session answers frames over the protocol's
     // limit with `too_large` instead of dropping the connection.
+    // Above twice the protocol's frame limit, so an oversized frame is answered, not cut.
+    let hard_cap = ((state.cfg.gateway.max_body_bytes * 2 + 4096) * 2).max(1 << 20);
     let ws = ws
         .read_buffer_size(4 * 1024)
         .write_buffer_size(0)
         .max_write_buffer_size(1 << 20)
-        .max_message_size(1 << 20)
-        .max_frame_size(1 << 20);
+        .max_message_size(hard_cap)
+        .max_frame_size(hard_cap);
     let claims = token_of(&parts)
         .ok_or("missing token".to_string())
         .and_then(|t| verify(&t, state.cfg.jwt_secret.0.as_bytes()).map_err(|e| e.to_string()));
@@ -63,10 +66,36 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     match claims {
         Err(reason) => ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, CLOSE_UNAUTHORIZED, reason))),
         Ok(claims) => {
+            let ip = crate::listener::peer_of(&parts).map(|a| a.ip());
+            let permit = match state.limits.connections.admit(ip, &claims.tid, &claims.sub, &claims.dev) {
+                Ok(p) => p,
+                Err(which) => {
+                    let (what, message) = match which {
+                        ConnectionRefused::User => ("connections_user", "too many connections for this user"),
+                        ConnectionRefused::Ip => ("connections_ip", "too many connections from this address"),
+                    };
+                    metrics::counter!("herald_rate_limited_total", "what" => what).increment(1);
+                    // Nothing frees up by itself: a long, jittered hint.
+                    let retry = crate::limits::jittered(Duration::from_secs(5)).as_millis() as u64;
+                    return ws.on_upgrade(move |mut socket| {
+                        tracker.track_future(async move {
+                            let f = serde_json::json!({"t": "error", "code": "rate_limited", "message": message, "retry_after_ms": retry});
+                            let _ = socket.send(Message::Text(f.to_string().into())).await;
+                            close_now(socket, CLOSE_POLICY, message.into()).await
+                        })
+                    });
+                }
+            };
             if let Err(e) = register_device(&state, &claims).await {
                 return ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, 1011, e.message)));
             }
-            ws.on_upgrade(move |socket| tracker.track_future(Session::run(state, claims, socket)))
+            ws.on_upgrade(move |socket| {
+                tracker.track_future(async move {
+                    // The slot is held for the whole session and given back when it ends.
+                    let _permit = permit;
+                    Session::run(state, claims, socket).await
+                })
+            })
         }
     }
 }

@@ -171,4 +171,24 @@ mod tests {
             format!("{}.{}.{}", parts[0], URL_SAFE_NO_PAD.encode(serde_json::to_vec(&other).unwrap()), parts[2]);
         assert_eq!(verify_at(&forged, b"secret", 0), Err(AuthError::Signature));
     }
+
+    /// Alg confusion: a token labelled RS256 (or any other algorithm, or HS256 spelled
+    /// otherwise) is refused before its signature is looked at, even when the signature
+    /// is a valid HMAC of the secret.
+    #[test]
+    fn only_the_hs256_label_is_accepted() {
+        let t = sign(&claims(), b"secret");
+        let payload = t.split('.').nth(1).unwrap();
+        for alg in ["RS256", "ES256", "HS384", "HS512", "hs256", "HS256 ", "", "None", "NONE"] {
+            let header = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#));
+            let input = format!("{header}.{payload}");
+            let mut m = mac(b"secret");
+            m.update(input.as_bytes());
+            let token = format!("{input}.{}", URL_SAFE_NO_PAD.encode(m.finalize().into_bytes()));
+            assert_eq!(verify_at(&token, b"secret", 0), Err(AuthError::Algorithm), "alg {alg:?}");
+        }
+        // No alg at all is malformed.
+        let header = URL_SAFE_NO_PAD.encode(br#"{"typ":"JWT"}"#);
+        assert_eq!(verify_at(&format!("{header}.{payload}.x"), b"secret", 0), Err(AuthError::Malformed));
+    }
 }

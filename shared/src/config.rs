@@ -106,6 +106,19 @@ pub struct GatewayConfig {
     /// New WebSocket sessions per second on this node, and the burst.
     pub admission_rate: u32,
     pub admission_burst: u32,
+    /// Abuse limits (docs/reliability.md, "Abuse limits"); all per gateway node.
+    /// WebSocket sessions of one user (tenant + user) on this node, counted by device:
+    /// a new session of a device that is already connected replaces it and is not refused.
+    pub max_connections_per_user: usize,
+    /// WebSocket sessions from one IP address (the socket peer) on this node.
+    pub max_connections_per_ip: usize,
+    /// A client must finish each HTTP request head (the WebSocket upgrade included)
+    /// within this time after the connection opened or went idle, or it is closed.
+    pub handshake_timeout_ms: u64,
+    /// Sends per second of one tenant through this node (HTTP and WebSocket), and the
+    /// burst allowed above it.
+    pub tenant_send_rate: u32,
+    pub tenant_send_burst: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -199,6 +212,11 @@ impl Config {
                 send_burst: 200,
                 admission_rate: 2_000,
                 admission_burst: 500,
+                max_connections_per_user: 32,
+                max_connections_per_ip: 1_000,
+                handshake_timeout_ms: 10_000,
+                tenant_send_rate: 5_000,
+                tenant_send_burst: 10_000,
             },
             worker: WorkerConfig {
                 batch_max: 512,
@@ -260,6 +278,11 @@ impl Config {
             "gateway.send_burst" => self.gateway.send_burst = num(v)?,
             "gateway.admission_rate" => self.gateway.admission_rate = num(v)?,
             "gateway.admission_burst" => self.gateway.admission_burst = num(v)?,
+            "gateway.max_connections_per_user" => self.gateway.max_connections_per_user = num(v)?,
+            "gateway.max_connections_per_ip" => self.gateway.max_connections_per_ip = num(v)?,
+            "gateway.handshake_timeout_ms" => self.gateway.handshake_timeout_ms = num(v)?,
+            "gateway.tenant_send_rate" => self.gateway.tenant_send_rate = num(v)?,
+            "gateway.tenant_send_burst" => self.gateway.tenant_send_burst = num(v)?,
             "worker.batch_max" => self.worker.batch_max = num(v)?,
             "worker.batch_block_ms" => self.worker.batch_block_ms = num(v)?,
             "worker.lease_ttl_ms" => self.worker.lease_ttl_ms = num(v)?,
@@ -332,10 +355,21 @@ impl Config {
             ("gateway.send_burst", g.send_burst),
             ("gateway.admission_rate", g.admission_rate),
             ("gateway.admission_burst", g.admission_burst),
+            ("gateway.tenant_send_rate", g.tenant_send_rate),
+            ("gateway.tenant_send_burst", g.tenant_send_burst),
         ] {
             if v == 0 {
                 bad(key, "must be positive");
             }
+        }
+        if g.max_connections_per_user == 0 {
+            bad("gateway.max_connections_per_user", "must be positive");
+        }
+        if g.max_connections_per_ip == 0 {
+            bad("gateway.max_connections_per_ip", "must be positive");
+        }
+        if !(100..=600_000).contains(&g.handshake_timeout_ms) {
+            bad("gateway.handshake_timeout_ms", "must be 100..=600000");
         }
         if self.gateway.max_group_size < 2 {
             bad("gateway.max_group_size", "must be at least 2");
@@ -631,6 +665,31 @@ mod tests {
         let e = env(&[("HERALD_JWT_SECRET", "0123456789abcdef"), ("HERALD_SERVICE_HOST", "10.0.0.1")]);
         let (_, cli) = load(Role::Gateway, &[], &e).unwrap();
         assert_eq!(cli.ignored_env, vec!["HERALD_SERVICE_HOST".to_string()]);
+    }
+
+    #[test]
+    fn abuse_limits_are_validated() {
+        let e = env(&[
+            ("HERALD_JWT_SECRET", "0123456789abcdef"),
+            ("HERALD_GATEWAY__MAX_CONNECTIONS_PER_USER", "0"),
+            ("HERALD_GATEWAY__MAX_CONNECTIONS_PER_IP", "0"),
+            ("HERALD_GATEWAY__HANDSHAKE_TIMEOUT_MS", "50"),
+            ("HERALD_GATEWAY__TENANT_SEND_RATE", "0"),
+            ("HERALD_GATEWAY__TENANT_SEND_BURST", "x"),
+        ]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        for key in [
+            "gateway.max_connections_per_user",
+            "gateway.max_connections_per_ip",
+            "gateway.handshake_timeout_ms",
+            "gateway.tenant_send_rate",
+            "gateway.tenant_send_burst",
+        ] {
+            assert!(err.contains(key), "{key} missing from:\n{err}");
+        }
+        let (cfg, _) = load(Role::Gateway, &[], &env(&[("HERALD_JWT_SECRET", "0123456789abcdef")])).unwrap();
+        assert_eq!(cfg.gateway.handshake_timeout_ms, 10_000);
+        assert_eq!(cfg.gateway.max_connections_per_user, 32);
     }
 
     #[test]

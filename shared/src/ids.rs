@@ -200,3 +200,63 @@ mod tests {
         assert!(serde_json::from_str::<MsgId>("7405329411723264001").is_err());
     }
 }
+
+/// Property tests of the id codec; `PROPTEST_CASES=100000` runs them longer
+/// (docs/reliability.md).
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Ids at and above 2^53, where adjacent ids share an `f64` score; a third of the
+    /// cases are neighbours, the hard part.
+    fn id_pair() -> impl Strategy<Value = (u64, u64)> {
+        let high = (1u64 << 53)..=u64::MAX;
+        prop_oneof![(high.clone(), high.clone()), (high, 0u64..4096).prop_map(|(a, d)| (a, a.saturating_add(d))),]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn member_order_is_numeric_order((a, b) in id_pair()) {
+            let (ma, mb) = (MsgId(a).member(), MsgId(b).member());
+            prop_assert_eq!(ma.len(), MEMBER_WIDTH);
+            prop_assert_eq!(ma.cmp(&mb), a.cmp(&b));
+        }
+
+        #[test]
+        fn members_and_decimal_strings_round_trip(a in any::<u64>()) {
+            prop_assert_eq!(MsgId::from_member(&MsgId(a).member()), Some(MsgId(a)));
+            prop_assert_eq!(MsgId(a).to_string().parse::<MsgId>().unwrap(), MsgId(a));
+            let json = serde_json::to_string(&MsgId(a)).unwrap();
+            prop_assert_eq!(serde_json::from_str::<MsgId>(&json).unwrap(), MsgId(a));
+        }
+
+        #[test]
+        fn scores_never_reorder_ids((a, b) in id_pair()) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            prop_assert!(MsgId(lo).score() <= MsgId(hi).score());
+        }
+
+        /// Sorting as Redis does (score, then member) gives numeric order.
+        #[test]
+        fn redis_order_is_numeric_order(ids in proptest::collection::vec((1u64 << 53)..=u64::MAX, 0..64),
+                                         base in (1u64 << 53)..(u64::MAX - 10_000),
+                                         dense in proptest::collection::vec(0u64..10_000, 0..64)) {
+            let mut all: Vec<u64> = ids;
+            all.extend(dense.iter().map(|d| base + d));
+            all.sort_unstable();
+            all.dedup();
+            let mut redis: Vec<(f64, String)> = all.iter().map(|i| (MsgId(*i).score(), MsgId(*i).member())).collect();
+            redis.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
+            let decoded: Vec<u64> = redis.iter().map(|(_, m)| MsgId::from_member(m).unwrap().0).collect();
+            prop_assert_eq!(decoded, all);
+        }
+
+        #[test]
+        fn members_of_another_width_are_refused(s in "[0-9]{0,19}|[0-9]{21,24}") {
+            prop_assert_eq!(MsgId::from_member(&s), None);
+        }
+    }
+}
