@@ -357,6 +357,14 @@ mod frame_tests {
         assert!(ClientFrame::parse("{nope").is_err());
         assert!(ClientFrame::parse("[]").is_err());
     }
+
+    #[test]
+    fn a_non_string_type_keeps_the_reference() {
+        let e = ClientFrame::parse(r#"{"t":5,"cmid":"a"}"#).unwrap_err();
+        assert_eq!(e.reference.as_deref(), Some("a"));
+        assert!(e.message.contains("must be a string"), "{}", e.message);
+        assert!(ClientFrame::parse(r#"{"t":null,"ref":"r"}"#).unwrap_err().reference.as_deref() == Some("r"));
+    }
 }
 
 /// Property tests of the client frame decoder; `PROPTEST_CASES=100000` runs them longer
