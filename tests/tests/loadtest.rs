@@ -1,0 +1,174 @@
+//! The load-test scenarios, small, against a real cluster: each runs the
+//! `herald-loadtest` binary, which must end with a clean integrity check, and writes
+//! its JSON, Markdown and SVG report; `chaos` SIGKILLs a gateway and a worker under load.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use herald_tests::{bin, Cluster, SECRET};
+use serde_json::Value;
+
+async fn cluster(name: &str, workers: usize) -> Cluster {
+    let mut c = Cluster::new(name);
+    c.set("HERALD_GATEWAY__SEND_RATE", "100000").set("HERALD_GATEWAY__SEND_BURST", "100000");
+    for _ in 0..workers {
+        c.start_worker(&[]).await;
+    }
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    c
+}
+
+fn out_dir(c: &Cluster) -> PathBuf {
+    c.log_dir.join("reports")
+}
+
+/// Runs one scenario; returns its exit code and its JSON report (if written).
+async fn run(c: &Cluster, args: &[&str]) -> (i32, Option<Value>) {
+    let gateways = format!("{},{}", c.gateways[0].base_url(), c.gateways[1].base_url());
+    let out = out_dir(c);
+    let status = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new(bin("herald-loadtest"))
+            .args(args)
+            .args(["--gateways", &gateways, "--tenant", "lt", "--out", out.to_str().unwrap()])
+            .env("HERALD_JWT_SECRET", SECRET)
+            .kill_on_drop(true)
+            .status(),
+    )
+    .await
+    .expect("the scenario ends within 180 s")
+    .expect("herald-loadtest runs");
+    let report =
+        std::fs::read_to_string(out.join(format!("{}.json", args[0]))).ok().map(|t| serde_json::from_str(&t).unwrap());
+    (status.code().unwrap_or(-1), report)
+}
+
+fn assert_clean(r: &Value) {
+    let i = &r["integrity"];
+    assert!(i["acknowledged"].as_u64().unwrap() > 0, "{i}");
+    assert_eq!(
+        (i["lost"].as_u64(), i["shown_twice"].as_u64(), i["out_of_order"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{i}"
+    );
+}
+
+fn assert_charts(dir: &Path, scenario: &str) {
+    for chart in ["latency", "throughput"] {
+        let svg = std::fs::read_to_string(dir.join(format!("{scenario}-{chart}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("<polyline"), "{scenario}-{chart}.svg has lines");
+    }
+    assert!(dir.join(format!("{scenario}.md")).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_fanout_storm_and_idle_deliver_everything_and_report() {
+    let c = cluster("lt-scenarios", 1).await;
+    let dir = out_dir(&c);
+
+    let (code, r) = run(&c, &["steady", "--conversations", "20", "--rate", "200", "--duration", "3"]).await;
+    let r = r.expect("steady report");
+    assert_eq!(code, 0, "steady");
+    assert_clean(&r);
+    assert!(
+        r["deliveries"].as_u64().unwrap() >= r["acknowledged_sends"].as_u64().unwrap(),
+        "1:1: one delivery per send"
+    );
+    assert!(r["delivery_realtime_ms"]["count"].as_u64().unwrap() > 0);
+    assert!(r["series"].as_array().unwrap().len() >= 3, "a tick per second");
+    assert_charts(&dir, "steady");
+
+    let (code, r) = run(&c, &["fanout", "--receivers", "60", "--group", "30", "--rate", "20", "--duration", "3"]).await;
+    let r = r.expect("fanout report");
+    assert_eq!(code, 0, "fanout");
+    assert_clean(&r);
+    let sends = r["acknowledged_sends"].as_u64().unwrap();
+    assert!(r["deliveries"].as_u64().unwrap() >= 30 * sends, "every group message reaches its 30 members");
+
+    let (code, r) = run(
+        &c,
+        &[
+            "storm",
+            "--devices",
+            "60",
+            "--backlog",
+            "20",
+            "--group",
+            "30",
+            "--realtime",
+            "4",
+            "--rate",
+            "20",
+            "--baseline",
+            "1",
+        ],
+    )
+    .await;
+    let r = r.expect("storm report");
+    assert_eq!(code, 0, "storm");
+    assert_clean(&r);
+    assert_eq!(r["extra"]["drained"].as_u64(), Some(60 * 20), "the whole backlog arrives as backlog");
+    assert!(r["delivery_backlog_ms"]["count"].as_u64().unwrap() >= 1200);
+    assert!(r["extra"]["drain_s"].as_f64().unwrap() > 0.0);
+    assert!(dir.join("storm-drain.svg").exists(), "the drain curve");
+
+    let pid = c.gateways[0].pid().to_string();
+    let (code, r) =
+        run(&c, &["idle", "--connections", "150", "--group", "50", "--hold", "1", "--gateway-pid", &pid]).await;
+    let r = r.expect("idle report");
+    assert_eq!(code, 0, "idle");
+    assert_clean(&r);
+    assert_eq!(r["extra"]["connections"].as_u64(), Some(150));
+    assert!(r["extra"]["rss_kib_per_connection"].as_f64().is_some());
+
+    let md = c.log_dir.join("capacity-report.md");
+    let status = tokio::process::Command::new(bin("herald-loadtest"))
+        .args(["report", "--dir", dir.to_str().unwrap(), "--out", md.to_str().unwrap()])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    let md = std::fs::read_to_string(md).unwrap();
+    for row in
+        ["durable sends, 1:1", "deliveries + acks per second", "idle connections", "login storm", "lost / shown twice"]
+    {
+        assert!(md.contains(row), "the capacity report has the target row {row:?}:\n{md}");
+    }
+    assert!(md.contains("| `storm` |"), "an integrity row per scenario");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kills_a_gateway_and_a_worker_under_load_and_loses_nothing() {
+    let c = cluster("lt-chaos", 2).await;
+    let (code, _) = run(&c, &["chaos", "--duration", "1"]).await;
+    assert_eq!(code, 2, "chaos without an action is a usage error");
+
+    let kill_gw = format!("2=kill -9 {}", c.gateways[1].pid());
+    let kill_wk = format!("4=kill -9 {}", c.workers[0].pid());
+    let (code, r) = run(
+        &c,
+        &[
+            "chaos",
+            "--conversations",
+            "20",
+            "--rate",
+            "100",
+            "--duration",
+            "8",
+            "--action",
+            &kill_gw,
+            "--action",
+            &kill_wk,
+        ],
+    )
+    .await;
+    let r = r.expect("chaos report");
+    assert_eq!(code, 0, "chaos: {r}");
+    assert_clean(&r);
+    let actions = r["extra"]["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 2);
+    assert!(actions.iter().all(|a| a["status"] == "ok"), "{actions:?}");
+    assert!(r["extra"]["sessions"].as_u64().unwrap() > 20, "devices on the killed gateway reconnected");
+    assert!(r["reconnect_catch_up_ms"]["count"].as_u64().unwrap() > 0, "catch-up after reconnect is measured");
+}
