@@ -68,10 +68,23 @@ pub async fn listen(
     cancel: CancellationToken,
 ) {
     let mut rx = client.message_rx();
+    let mut reconnects = client.reconnect_rx();
     loop {
         let msg = tokio::select! {
             _ = cancel.cancelled() => break,
             m = rx.recv() => m,
+            r = reconnects.recv() => {
+                if !matches!(r, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
+                    // Pub/sub keeps nothing for a disconnected subscriber: once subscribed
+                    // again, sessions read their pending sets for what they missed.
+                    if let Err(e) = client.resubscribe_all().await {
+                        tracing::warn!(error = %e, "node channel resubscribe failed");
+                    }
+                    tracing::info!("node channel reconnected; sessions read their pending sets again");
+                    sessions.reread_all();
+                }
+                continue;
+            }
         };
         let msg = match msg {
             Ok(m) => m,

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
+use fred::interfaces::{HashesInterface, SortedSetsInterface};
 use fred::prelude::*;
 use herald_shared::auth::{Claims, Platform};
 use herald_shared::error::ErrorCode;
@@ -28,6 +28,12 @@ use crate::AppState;
 /// Sets the device's presence, returning what was there before.
 const PRESENCE_SET_LUA: &str = "local old = redis.call('HGET', KEYS[1], ARGV[1]) \
      redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) redis.call('PEXPIRE', KEYS[1], ARGV[3]) return old";
+/// Keeps the device's presence alive; sets it again when it is missing (Redis lost its
+/// data, or the key expired while Redis was unreachable), but never over another
+/// session's. Returns 1 when it had to set it.
+const PRESENCE_KEEP_LUA: &str = "local set = 0 \
+     if not redis.call('HGET', KEYS[1], ARGV[1]) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) set = 1 end \
+     redis.call('PEXPIRE', KEYS[1], ARGV[3]) return set";
 /// Clears the device's presence if it is still this session's.
 const PRESENCE_CLEAR_LUA: &str =
     "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
@@ -382,6 +388,9 @@ impl Session {
                     Ok(_) => {
                         self.epoch = epoch;
                         self.epoch_generation = generation;
+                        // The presence went with the data: restore it now, not at the next
+                        // heartbeat (the backlog is read again just below anyway).
+                        self.keep_presence().await;
                         self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };
                     }
                     Err(e) => tracing::warn!(error = %e, "pending set rebuild failed; retrying"),
@@ -412,11 +421,29 @@ impl Session {
         if now.duration_since(self.last_ping) >= Duration::from_millis(cfg.heartbeat_ms) {
             self.last_ping = now;
             let _ = self.socket.send(Message::Ping(Default::default())).await;
-            let presence = self.state.keys.presence(&self.claims.tid, &self.claims.sub);
-            let _: Result<bool, _> =
-                self.state.redis.next().pexpire(presence, (cfg.heartbeat_ms * 3) as i64, None).await;
+            if self.keep_presence().await {
+                // Workers skipped pushes to this device while it had no presence; they
+                // are still in its pending set.
+                self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };
+            }
         }
         Step::Continue
+    }
+
+    /// Refreshes the presence's TTL, setting it again if it is missing; true when it was
+    /// missing.
+    async fn keep_presence(&mut self) -> bool {
+        let st = &self.state;
+        let presence = st.keys.presence(&self.claims.tid, &self.claims.sub);
+        let value = format!("{}|{}", st.cfg.node_id, self.id);
+        let ttl = (st.cfg.gateway.heartbeat_ms * 3).to_string();
+        let set: Result<i64, _> =
+            st.redis.next().eval(PRESENCE_KEEP_LUA, vec![presence], vec![self.claims.dev.clone(), value, ttl]).await;
+        let was_missing = matches!(set, Ok(1));
+        if was_missing {
+            tracing::info!("presence was missing; set again and the pending set read again");
+        }
+        was_missing
     }
 
     async fn protocol_error(&mut self, reference: Option<String>, message: &str) -> Step {

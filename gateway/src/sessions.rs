@@ -112,6 +112,14 @@ impl SessionRegistry {
         }
     }
 
+    /// Makes every session here read its pending set again: pushes published while the
+    /// node channel was disconnected never arrived, but they are still pending.
+    pub fn reread_all(&self) {
+        for e in self.sessions.lock().expect("sessions").values() {
+            e.lagged.store(true, Ordering::Release);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.sessions.lock().expect("sessions").len()
     }
