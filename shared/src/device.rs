@@ -1,8 +1,10 @@
 //! A device as a real client app runs it: it keeps a session open across gateways,
 //! acks every message, drops repeats by `id`, shows each conversation in `seq` order,
 //! fills gaps that outlive the backlog with `sync`, and reconnects with jittered
-//! backoff. The load-test suite drives thousands of these; what each one showed, and
-//! when, is what its integrity check judges.
+//! backoff. A session that hears nothing for two heartbeats is given up as lost (a
+//! network cut without FIN or RST would otherwise hold it forever). The load-test suite
+//! drives thousands of these; what each one showed, and when, is what its integrity
+//! check judges.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -153,6 +155,29 @@ impl State {
     }
 }
 
+/// Whether the server is still there. The device pings every half heartbeat and the
+/// server answers each ping with `pong`, so a healthy session never stays silent for two
+/// heartbeats; one that does sits on a dead path (a cut without FIN or RST) that TCP
+/// would take minutes to notice.
+struct Liveness {
+    silent_limit: Duration,
+    last_heard: Instant,
+}
+
+impl Liveness {
+    fn new(hb: Duration, now: Instant) -> Liveness {
+        Liveness { silent_limit: hb * 2, last_heard: now }
+    }
+
+    fn heard(&mut self, now: Instant) {
+        self.last_heard = now;
+    }
+
+    fn is_lost(&self, now: Instant) -> bool {
+        now.duration_since(self.last_heard) > self.silent_limit
+    }
+}
+
 fn jitter(base: Duration) -> Duration {
     let ms = base.as_millis() as u64;
     Duration::from_millis(ms / 2 + rand::rng().random_range(0..=ms.max(1)))
@@ -246,12 +271,16 @@ async fn session(
     let mut caught_up = false;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut last_ping = Instant::now();
+    let mut liveness = Liveness::new(hb, Instant::now());
     let mut reconnect_after = None;
     loop {
         tokio::select! {
             _ = stopped.changed() => return Ended::Stopped,
             _ = tick.tick() => {
                 let now = Instant::now();
+                if liveness.is_lost(now) {
+                    return Ended::Lost;
+                }
                 if now.duration_since(last_ping) >= hb / 2 {
                     last_ping = now;
                     if ws.send(&json!({"t": "ping"})).await.is_err() {
@@ -268,39 +297,42 @@ async fn session(
                 }
             }
             ev = ws.next(Duration::from_secs(3600)) => match ev {
-                Some(WsEvent::Frame(f)) => match f["t"].as_str() {
-                    Some("msg") => {
-                        let via = if caught_up { Via::Realtime } else { Via::Backlog };
-                        observer.message(&f, via, started.elapsed());
-                        if let (Some(id), Some(conv), Some(seq)) = (parse_id(&f["id"]), f["conv"].as_str(), f["seq"].as_u64()) {
-                            st.arrive(id, conv, seq, via);
-                        }
-                        if ws.send(&json!({"t": "ack", "ids": [f["id"]]})).await.is_err() {
-                            return Ended::Lost;
-                        }
-                    }
-                    Some("caught_up") if !caught_up => {
-                        caught_up = true;
-                        st.log.catch_ups.push(started.elapsed());
-                        observer.caught_up(started.elapsed());
-                    }
-                    Some("history") => {
-                        let conv = f["conv"].as_str().unwrap_or_default().to_owned();
-                        for m in f["items"].as_array().into_iter().flatten() {
-                            if let (Some(id), Some(seq)) = (parse_id(&m["id"]), m["seq"].as_u64()) {
-                                st.arrive(id, &conv, seq, Via::Sync);
+                Some(WsEvent::Frame(f)) => {
+                    liveness.heard(Instant::now());
+                    match f["t"].as_str() {
+                        Some("msg") => {
+                            let via = if caught_up { Via::Realtime } else { Via::Backlog };
+                            observer.message(&f, via, started.elapsed());
+                            if let (Some(id), Some(conv), Some(seq)) = (parse_id(&f["id"]), f["conv"].as_str(), f["seq"].as_u64()) {
+                                st.arrive(id, conv, seq, via);
+                            }
+                            if ws.send(&json!({"t": "ack", "ids": [f["id"]]})).await.is_err() {
+                                return Ended::Lost;
                             }
                         }
-                        if let Some(t) = st.timelines.get_mut(&conv) {
-                            t.syncing = false;
-                            t.gap_since = None;
+                        Some("caught_up") if !caught_up => {
+                            caught_up = true;
+                            st.log.catch_ups.push(started.elapsed());
+                            observer.caught_up(started.elapsed());
                         }
+                        Some("history") => {
+                            let conv = f["conv"].as_str().unwrap_or_default().to_owned();
+                            for m in f["items"].as_array().into_iter().flatten() {
+                                if let (Some(id), Some(seq)) = (parse_id(&m["id"]), m["seq"].as_u64()) {
+                                    st.arrive(id, &conv, seq, Via::Sync);
+                                }
+                            }
+                            if let Some(t) = st.timelines.get_mut(&conv) {
+                                t.syncing = false;
+                                t.gap_since = None;
+                            }
+                        }
+                        Some("reconnect") => {
+                            reconnect_after = Some(Duration::from_millis(f["after_ms"].as_u64().unwrap_or(500)));
+                        }
+                        _ => {}
                     }
-                    Some("reconnect") => {
-                        reconnect_after = Some(Duration::from_millis(f["after_ms"].as_u64().unwrap_or(500)));
-                    }
-                    _ => {}
-                },
+                }
                 Some(WsEvent::Closed(_)) | None => {
                     return reconnect_after.map_or(Ended::Lost, Ended::Reconnect);
                 }
@@ -327,6 +359,17 @@ mod tests {
         st.arrive(12, "c", 2, Via::Backlog);
         assert_eq!(st.log.shown.iter().map(|s| s.id).collect::<Vec<_>>(), [11, 12, 13]);
         assert_eq!(st.log.arrivals.len(), 4);
+    }
+
+    #[test]
+    fn a_session_silent_for_two_heartbeats_is_lost() {
+        let (hb, t0) = (Duration::from_secs(1), Instant::now());
+        let mut live = Liveness::new(hb, t0);
+        assert!(!live.is_lost(t0 + Duration::from_millis(2000)), "two heartbeats of silence are allowed");
+        assert!(live.is_lost(t0 + Duration::from_millis(2001)));
+        live.heard(t0 + Duration::from_millis(1500));
+        assert!(!live.is_lost(t0 + Duration::from_millis(3000)), "any frame restarts the count");
+        assert!(live.is_lost(t0 + Duration::from_millis(3600)));
     }
 
     #[test]
