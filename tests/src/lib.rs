@@ -16,6 +16,9 @@ use herald_shared::keys::Keys;
 use sqlx::mysql::MySqlPool;
 use tokio::process::{Child, Command};
 
+pub mod drill;
+pub mod faults;
+
 pub const SECRET: &str = "test-secret-0123456789abcdef";
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const TENANT: &str = "acme";
@@ -142,6 +145,11 @@ impl RedisServer {
             tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
         })
         .await;
+    }
+
+    /// The server's process id while it runs (to pause it with SIGSTOP).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
     }
 
     /// SIGKILL: everything in it is lost.
@@ -310,6 +318,21 @@ impl Cluster {
 
     pub fn admin(&self, worker: usize) -> AdminClient {
         AdminClient { base: self.workers[worker].admin_url(), http: reqwest::Client::new() }
+    }
+
+    /// Starts gateway `i` again, after its process exited, on the listen and admin
+    /// addresses it had (clients keep the addresses they know; a rolling restart).
+    pub async fn respawn_gateway(&mut self, i: usize) {
+        let (listen, admin) = (self.gateways[i].listen, self.gateways[i].admin);
+        let (l, a) = (listen.to_string(), admin.to_string());
+        // The process's own settings come after the defaults, so these addresses win.
+        let mut p = self.spawn("herald-gateway", "gw", &[("HERALD_LISTEN", &l), ("HERALD_ADMIN_LISTEN", &a)]).await;
+        p.listen = listen;
+        p.admin = admin;
+        if let Err(log) = Self::wait_ready(&mut p, &self.log_dir).await {
+            panic!("{log}");
+        }
+        self.gateways[i] = p;
     }
 }
 
