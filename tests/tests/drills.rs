@@ -56,6 +56,10 @@ async fn traffic(name: &'static str, c: &Cluster) -> Drill {
     Drill::start(name, gateway_urls(c), gateway_urls(c), Traffic::default()).await
 }
 
+fn admin_urls(c: &Cluster) -> Vec<String> {
+    c.gateways.iter().map(|g| g.admin_url()).collect()
+}
+
 async fn sum_metric(admin_urls: &[String], name: &str) -> f64 {
     let mut total = 0.0;
     for url in admin_urls {
@@ -128,10 +132,6 @@ async fn redis_restarted_empty() {
     d.finish().await.assert_clean();
     let rebuilds = sum_metric(&admin_urls(&c), "herald_pending_rebuilds_total").await;
     assert!(rebuilds > 0.0, "the gateways rebuilt pending sets from MySQL");
-}
-
-fn admin_urls(c: &Cluster) -> Vec<String> {
-    c.gateways.iter().map(|g| g.admin_url()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
