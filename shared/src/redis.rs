@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use fred::interfaces::{ClusterInterface, ConfigInterface};
 use fred::prelude::*;
 use fred::types::config::{ReconnectPolicy, UnresponsiveConfig};
 
@@ -51,13 +52,26 @@ pub async fn pool(url: &str, size: usize) -> Result<Pool, Error> {
     Ok(pool)
 }
 
-/// Checks `maxmemory-policy`: pending sets must never be evicted.
+/// Checks `maxmemory-policy`: pending sets must never be evicted. In a cluster every
+/// master is asked (each holds some users' pending sets); the first policy that is not
+/// `noeviction` is the answer.
 pub async fn eviction_policy(client: &Client) -> Result<String, Error> {
-    let v: Vec<String> = client
-        .config_get("maxmemory-policy")
-        .await
-        .map(|m: std::collections::HashMap<String, String>| m.into_values().collect())?;
-    Ok(v.into_iter().next().unwrap_or_default())
+    async fn policy_of<C: ConfigInterface>(c: &C) -> Result<String, Error> {
+        let v: std::collections::HashMap<String, String> = c.config_get("maxmemory-policy").await?;
+        Ok(v.into_values().next().unwrap_or_default())
+    }
+    if !client.is_clustered() {
+        return policy_of(client).await;
+    }
+    let masters = client.cached_cluster_state().map(|s| s.unique_primary_nodes()).unwrap_or_default();
+    let mut policy = String::new();
+    for server in masters {
+        policy = policy_of(&client.with_cluster_node(server)).await?;
+        if policy != "noeviction" {
+            break;
+        }
+    }
+    Ok(policy)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use tokio::process::{Child, Command};
 
 pub mod drill;
 pub mod faults;
+pub mod redis_cluster;
 
 pub const SECRET: &str = "test-secret-0123456789abcdef";
 pub const ADMIN_TOKEN: &str = "test-admin-token";
@@ -306,8 +307,10 @@ impl Cluster {
     }
 
     pub async fn redis(&self) -> Client {
-        let c =
-            Builder::from_config(Config::from_url(&self.redis_url).expect("redis url")).build().expect("redis client");
+        // Herald's own URL parsing: `redis-cluster://h1:p1,h2:p2` too.
+        let c = herald_shared::redis::builder(&self.redis_url, Duration::from_secs(5))
+            .and_then(|b| b.build())
+            .expect("redis client");
         c.init().await.expect("redis connects");
         c
     }

@@ -1,0 +1,152 @@
+//! A private 3-master Redis Cluster on free ports, for running Herald against Redis
+//! Cluster (`redis-cluster://` URLs). Every node is killed and its directory removed
+//! when the cluster drops.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::{eventually, free_port};
+
+/// One `redis-server --cluster-enabled yes` of the cluster.
+struct Node {
+    port: u16,
+    child: Child,
+}
+
+/// Three masters, no replicas, all 16384 slots assigned.
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+    dir: PathBuf,
+}
+
+impl RedisCluster {
+    pub async fn start() -> RedisCluster {
+        let dir = std::env::temp_dir().join(format!("herald-redis-cluster-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).expect("cluster dir");
+        let mut rc = RedisCluster { nodes: Vec::new(), dir };
+        for _ in 0..3 {
+            let node = rc.start_node().await;
+            rc.nodes.push(node);
+        }
+        let mut create = vec!["--cluster".to_string(), "create".to_string()];
+        create.extend(rc.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let out = rc.cli(rc.nodes[0].port, &create);
+        assert!(out.status.success(), "redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        // Every node must see every slot covered before a client reads the slot map.
+        for port in rc.ports() {
+            eventually(Duration::from_secs(20), "every cluster node reports cluster_state:ok", || {
+                let info = rc.cli_text(port, &["cluster", "info"]);
+                async move { info.contains("cluster_state:ok").then_some(()) }
+            })
+            .await;
+        }
+        rc
+    }
+
+    /// Starts one node on fresh ports (client and bus), again when a port was taken.
+    async fn start_node(&self) -> Node {
+        for _ in 0..5 {
+            let (port, bus) = (free_port(), free_port());
+            let child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--cluster-port",
+                    &bus.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &format!("nodes-{port}.conf"),
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--dir",
+                    self.dir.to_str().expect("utf-8 temp dir"),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--maxmemory-policy",
+                    "noeviction",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            let mut node = Node { port, child };
+            let up = eventually(Duration::from_secs(10), "cluster node answers or exits", || {
+                let exited = matches!(node.child.try_wait(), Ok(Some(_)));
+                let pong = !exited && self.cli_text(port, &["ping"]).contains("PONG");
+                async move { (exited || pong).then_some(pong) }
+            })
+            .await;
+            if up {
+                return node;
+            }
+            let _ = node.child.wait();
+        }
+        panic!("no cluster node could bind free ports after 5 attempts");
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// Herald's form: `redis-cluster://h1:p1,h2:p2,h3:p3`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.ports().iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis-cluster://{}", hosts.join(","))
+    }
+
+    fn cli<S: AsRef<std::ffi::OsStr>>(&self, port: u16, args: &[S]) -> Output {
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli is installed")
+    }
+
+    fn cli_text(&self, port: u16, args: &[&str]) -> String {
+        String::from_utf8_lossy(&self.cli(port, args).stdout).into_owned()
+    }
+
+    /// `redis-cli -c` against the first node: follows MOVED redirections, so any key
+    /// can be read from there.
+    pub fn cli_follow(&self, args: &[&str]) -> String {
+        let mut all = vec!["-c"];
+        all.extend_from_slice(args);
+        self.cli_text(self.nodes[0].port, &all)
+    }
+
+    /// The keys matching `pattern` held by each master (a SCAN per node), in node order.
+    pub fn keys_by_node(&self, pattern: &str) -> Vec<Vec<String>> {
+        self.ports()
+            .into_iter()
+            .map(|port| {
+                let out = self.cli_text(port, &["--scan", "--pattern", pattern]);
+                let mut keys: Vec<String> = out.lines().filter(|l| !l.is_empty()).map(str::to_owned).collect();
+                keys.sort();
+                keys
+            })
+            .collect()
+    }
+
+    /// The hash slot of `key` (CLUSTER KEYSLOT).
+    pub fn slot_of(&self, key: &str) -> u16 {
+        self.cli_text(self.nodes[0].port, &["cluster", "keyslot", key]).trim().parse().expect("CLUSTER KEYSLOT answers")
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            let _ = n.child.kill();
+            let _ = n.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
