@@ -78,7 +78,8 @@ impl Default for Traffic {
 #[derive(Debug)]
 pub struct DrillReport {
     pub integrity: IntegrityReport,
-    /// From the end of the fault until every device had everything acknowledged before.
+    /// From the end of the fault until every device had everything acknowledged before
+    /// and a message sent after (see [`Drill::catch_up`]).
     pub catch_up: Duration,
     pub send_errors: u64,
     /// WebSocket sessions of all devices (1 each when nothing broke).
