@@ -422,6 +422,13 @@ impl Session {
             self.last_ping = now;
             let _ = self.socket.send(Message::Ping(Default::default())).await;
             if self.keep_presence().await {
+                // The presence expired (Redis paused) or went with the data of the user's
+                // slot. In a Redis Cluster a master other than the epoch's can lose its
+                // data with the epoch unchanged: the device's marker went too, and this
+                // restores the pending set from MySQL (a no-op while the marker is there).
+                if let Err(e) = crate::recovery::ensure_pending(&self.state, &self.claims, &self.epoch).await {
+                    tracing::warn!(error = %e, "pending set rebuild failed");
+                }
                 // Workers skipped pushes to this device while it had no presence; they
                 // are still in its pending set.
                 self.backlog = Backlog { delivered: self.backlog.delivered, ..Backlog::default() };

@@ -135,6 +135,28 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The master (index into [`ports`](Self::ports)) that serves `key`'s slot.
+    pub fn node_of(&self, key: &str) -> usize {
+        let slot = self.slot_of(key);
+        self.ports()
+            .into_iter()
+            .position(|port| {
+                let nodes = self.cli_text(port, &["cluster", "nodes"]);
+                let me = nodes.lines().find(|l| l.contains("myself")).expect("CLUSTER NODES names myself");
+                me.split(' ').skip(8).any(|range| {
+                    let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                    matches!((lo.parse::<u16>(), hi.parse::<u16>()), (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot))
+                })
+            })
+            .expect("every slot is served")
+    }
+
+    /// FLUSHALL on one master: it loses its data, the others keep theirs.
+    pub fn flush(&self, node: usize) {
+        let out = self.cli_text(self.nodes[node].port, &["flushall"]);
+        assert!(out.contains("OK"), "FLUSHALL: {out}");
+    }
+
     /// The hash slot of `key` (CLUSTER KEYSLOT).
     pub fn slot_of(&self, key: &str) -> u16 {
         self.cli_text(self.nodes[0].port, &["cluster", "keyslot", key]).trim().parse().expect("CLUSTER KEYSLOT answers")

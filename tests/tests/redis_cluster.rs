@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use fred::interfaces::{HashesInterface, KeysInterface};
 use herald_shared::client::{WsClient, WsEvent};
 use herald_tests::redis_cluster::RedisCluster;
 use herald_tests::{eventually, pending_ids, AutoDevice, Cluster, TENANT};
@@ -269,4 +270,49 @@ async fn backlog_pages_read_frames_from_every_master() {
     })
     .await;
     ws.close().await;
+}
+
+/// One master loses its data while the epoch, on another master, stays: a connected
+/// device of a user on that master finds its presence gone at the next heartbeat and
+/// restores its pending set from MySQL (the marker went with the data), so everything
+/// above its watermark arrives again (repeats, dropped by id by clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_losing_its_data_rebuilds_its_users_pending_sets() {
+    let rc = RedisCluster::start().await;
+    let mut c = Cluster::with_redis("rc-loss", rc.url());
+    c.set("HERALD_GATEWAY__HEARTBEAT_MS", "300");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let keys = c.keys();
+    let epoch_node = rc.node_of(&keys.epoch());
+    let bob = (0..100)
+        .map(|i| format!("bob{i}"))
+        .find(|u| rc.node_of(&keys.presence(TENANT, u)) != epoch_node)
+        .expect("a user on another master");
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", &bob]).await.unwrap();
+    let phone = AutoDevice::connect(&c.gateways[0].base_url(), &c.token(&bob, "phone"), &bob, "phone").await;
+    let mut want = BTreeSet::new();
+    for n in 0..5 {
+        want.insert(alice.send_until_committed(&format!("m{n}"), "ab", &json!({"n": n}), 20).await.unwrap().id.0);
+    }
+    receives(&phone, &want).await;
+    let redis = c.redis().await;
+    eventually(Duration::from_secs(10), "the acks empty the pending set", || {
+        let (redis, keys, bob) = (redis.clone(), keys.clone(), bob.clone());
+        async move { pending_ids(&redis, &keys, &bob, "phone").await.is_empty().then_some(()) }
+    })
+    .await;
+
+    rc.flush(rc.node_of(&keys.presence(TENANT, &bob)));
+    let received = phone.received.clone();
+    eventually(Duration::from_secs(15), "every message arrives again after the rebuild", || {
+        let again = want.iter().all(|id| received.lock().unwrap().iter().filter(|(_, _, r)| r == id).count() == 2);
+        async move { again.then_some(()) }
+    })
+    .await;
+    let epoch: Option<String> = redis.get(keys.epoch()).await.unwrap();
+    let marker: Option<String> = redis.hget(keys.devices(TENANT, &bob), "epoch:phone").await.unwrap();
+    assert!(epoch.is_some() && marker == epoch, "the epoch stayed and the device is trusted in it again");
+    phone.stop().await;
 }
