@@ -18,11 +18,15 @@ ensure_mariadb
 ensure_redis
 cluster_env
 export HERALD_REDIS_KEY_PREFIX=${HERALD_REDIS_KEY_PREFIX:-cap}
-# The suite measures the system, not the per-device send limit.
+# The suite measures the system, not the abuse limits (docs/reliability.md).
 export HERALD_GATEWAY__SEND_RATE=${HERALD_GATEWAY__SEND_RATE:-1000000}
 export HERALD_GATEWAY__SEND_BURST=${HERALD_GATEWAY__SEND_BURST:-1000000}
+export HERALD_GATEWAY__TENANT_SEND_RATE=${HERALD_GATEWAY__TENANT_SEND_RATE:-1000000}
+export HERALD_GATEWAY__TENANT_SEND_BURST=${HERALD_GATEWAY__TENANT_SEND_BURST:-1000000}
 export HERALD_GATEWAY__ADMISSION_RATE=${HERALD_GATEWAY__ADMISSION_RATE:-20000}
 export HERALD_GATEWAY__ADMISSION_BURST=${HERALD_GATEWAY__ADMISSION_BURST:-20000}
+# Every simulated device connects from this one machine.
+export HERALD_GATEWAY__MAX_CONNECTIONS_PER_IP=${HERALD_GATEWAY__MAX_CONNECTIONS_PER_IP:-1000000}
 OUT=${OUT:-docs/capacity}
 REPORT=${REPORT:-docs/capacity-report.md}
 SCALE=${SCALE:-standard}
