@@ -52,8 +52,10 @@ impl SendWaiters {
 /// Subscribes to this node's channel and dispatches what arrives. The subscription is
 /// made before the gateway accepts requests, so no answer can precede it.
 pub async fn subscribe(redis_url: &str, channel: String) -> Result<SubscriberClient, Error> {
-    let client =
-        herald_shared::redis::builder(redis_url, std::time::Duration::from_secs(3))?.build_subscriber_client()?;
+    let mut builder = herald_shared::redis::builder(redis_url, std::time::Duration::from_secs(3))?;
+    // fred's default (32 messages) overflows within one busy scheduling pause.
+    builder.with_performance_config(|p| p.broadcast_channel_capacity = 8192);
+    let client = builder.build_subscriber_client()?;
     client.init().await?;
     // Re-subscribes after every reconnect; the task lives as long as the client.
     drop(client.manage_subscriptions());
@@ -89,9 +91,12 @@ pub async fn listen(
         let msg = match msg {
             Ok(m) => m,
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                // Lost answers only cost their senders a timeout and a resend (dup: true).
+                // Lost answers cost their senders a timeout and a resend (dup: true); lost
+                // pushes would strand messages in pending sets of online devices, so every
+                // session reads its pending set again.
                 metrics::counter!("herald_node_channel_lagged_total").increment(n);
-                tracing::warn!(lost = n, "node channel receiver lagged");
+                tracing::warn!(lost = n, "node channel receiver lagged; sessions read their pending sets again");
+                sessions.reread_all();
                 continue;
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => break,

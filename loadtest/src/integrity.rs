@@ -73,11 +73,20 @@ pub struct IntegrityReport {
     /// Shown messages whose first copy came from `sync` rather than a push: the push
     /// path missed them and the client's gap filling recovered them.
     pub recovered_by_sync: u64,
+    /// The first few failures, described, to start an investigation from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<String>,
 }
 
 impl IntegrityReport {
     pub fn is_clean(&self) -> bool {
         self.lost == 0 && self.shown_twice == 0 && self.out_of_order == 0
+    }
+
+    fn sample(&mut self, what: impl FnOnce() -> String) {
+        if self.samples.len() < 10 {
+            self.samples.push(what());
+        }
     }
 
     pub fn add(&mut self, other: &IntegrityReport) {
@@ -131,6 +140,8 @@ pub fn check(log: &EventLog) -> IntegrityReport {
         let dev = (r.device.0.as_str(), r.device.1.as_str());
         if !shown.entry(dev).or_default().insert(r.id) {
             report.shown_twice += 1;
+            report
+                .sample(|| format!("shown twice: id {} (conv {} seq {}) on {}/{}", r.id, r.conv, r.seq, dev.0, dev.1));
             continue;
         }
         if first_via_sync.get(&(dev, r.id)).copied().unwrap_or(false) {
@@ -143,6 +154,9 @@ pub fn check(log: &EventLog) -> IntegrityReport {
         wrong |= *seq_holder.entry((r.conv.as_str(), r.seq)).or_insert(r.id) != r.id;
         if wrong {
             report.out_of_order += 1;
+            report.sample(|| {
+                format!("out of order: id {} shown as conv {} seq {} on {}/{}", r.id, r.conv, r.seq, dev.0, dev.1)
+            });
         }
     }
 
@@ -154,6 +168,18 @@ pub fn check(log: &EventLog) -> IntegrityReport {
             }
             if !shown.get(&(user.as_str(), device.as_str())).is_some_and(|s| s.contains(&a.id)) {
                 report.lost += 1;
+                let dev = (user.as_str(), device.as_str());
+                let arrived = first_via_sync.contains_key(&(dev, a.id));
+                let upto = last_seq.get(&(dev, a.conv.as_str())).copied().unwrap_or(0);
+                report.sample(|| {
+                    format!(
+                        "lost: id {} (conv {} seq {}) on {user}/{device}: {}, the device showed this conversation up to seq {upto}",
+                        a.id,
+                        a.conv,
+                        a.seq,
+                        if arrived { "arrived but was never shown" } else { "never arrived" }
+                    )
+                });
             }
         }
     }
@@ -208,6 +234,7 @@ mod tests {
         let r = check(&log);
         assert_eq!(r.lost, 1);
         assert!(!r.is_clean());
+        assert!(r.samples[0].contains("id 103") && r.samples[0].contains("never arrived"), "{:?}", r.samples);
     }
 
     #[test]
