@@ -8,6 +8,7 @@
 #   scripts/capacity.sh            # the standard suite (about 6 minutes on 2 cores)
 #   SCALE=quick scripts/capacity.sh  # a small, quick pass of the same scenarios
 #   SCENARIOS="storm chaos" scripts/capacity.sh  # some of them (the report keeps the others' last run)
+#   STORM_ARGS="--devices 1000 --backlog 50" SCENARIOS=storm scripts/capacity.sh  # other options
 #   OUT=/tmp/cap REPORT=/tmp/cap/report.md scripts/capacity.sh
 set -euo pipefail
 export HD_DATABASE=${HD_DATABASE:-herald_capacity}
@@ -61,6 +62,9 @@ else
   IDLE="--connections 18000 --hold 10 --connect-rate 3000"
   CHAOS="--conversations 300 --rate 1000 --duration 40"
 fi
+# Any scenario's options can be replaced: STORM="--devices 1000 --backlog 50" scripts/capacity.sh
+STEADY=${STEADY_ARGS:-$STEADY} FANOUT=${FANOUT_ARGS:-$FANOUT} STORM=${STORM_ARGS:-$STORM}
+IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS}
 gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
 lt() { "$HD_BIN/herald-loadtest" "$@" --gateways "$gws" --out "$OUT"; }
 mkdir -p "$OUT"

@@ -42,6 +42,30 @@ pub async fn register_device(state: &AppState, c: &Claims) -> Result<(), ApiErro
     if state.known_devices.lock().expect("device cache").contains(&key) {
         return Ok(());
     }
+    // A device seen before (on another node, or before a restart) costs one read, not a
+    // write and its fsync: a login storm of known devices stays off MySQL's log. Its
+    // `last_seen_at` moves with the watermark flushes of its session.
+    let known_platform: Option<String> = sqlx::query_scalar(
+        "SELECT CAST(platform AS CHAR) FROM devices WHERE tenant_id = ? AND user_id = ? AND device_id = ?",
+    )
+    .bind(&c.tid)
+    .bind(&c.sub)
+    .bind(&c.dev)
+    .fetch_optional(&state.db)
+    .await?;
+    if known_platform.as_deref() != Some(c.plat.as_str()) {
+        upsert_device(state, c).await?;
+    }
+    let mut known = state.known_devices.lock().expect("device cache");
+    // Bounded: a cache miss only costs one read.
+    if known.len() > 200_000 {
+        known.clear();
+    }
+    known.insert(key);
+    Ok(())
+}
+
+async fn upsert_device(state: &AppState, c: &Claims) -> Result<(), ApiError> {
     let now = now_ms() as i64;
     let watermark = herald_shared::ids::MsgId::lowest_at(now_ms().saturating_sub(60_000)).0;
     sqlx::query(
@@ -57,11 +81,5 @@ pub async fn register_device(state: &AppState, c: &Claims) -> Result<(), ApiErro
     .bind(now)
     .execute(&state.db)
     .await?;
-    let mut known = state.known_devices.lock().expect("device cache");
-    // Bounded: a cache miss only costs one idempotent upsert.
-    if known.len() > 200_000 {
-        known.clear();
-    }
-    known.insert(key);
     Ok(())
 }
