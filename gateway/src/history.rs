@@ -155,10 +155,10 @@ pub async fn sync(
 }
 
 /// The `msg` frames of these ids: from Redis (`m:{id}`), else rebuilt from MySQL.
-pub async fn frames(state: &AppState, ids: &[MsgId]) -> HashMap<MsgId, String> {
+pub async fn frames(state: &AppState, ids: &[MsgId]) -> Result<HashMap<MsgId, String>, sqlx::Error> {
     let mut out = HashMap::with_capacity(ids.len());
     if ids.is_empty() {
-        return out;
+        return Ok(out);
     }
     let pipe = state.redis.next().pipeline();
     for id in ids {
@@ -183,16 +183,12 @@ pub async fn frames(state: &AppState, ids: &[MsgId]) -> HashMap<MsgId, String> {
             sep.push_bind(id.0);
         }
         q.push(")");
-        match q.build().fetch_all(&state.db).await {
-            Ok(rows) => {
-                for r in &rows {
-                    if let Ok(m) = message(r) {
-                        out.insert(m.id, herald_shared::protocol::msg_frame(&m));
-                    }
-                }
+        // An error is not an absence: the caller must not take these ids for stale.
+        for r in &q.build().fetch_all(&state.db).await? {
+            if let Ok(m) = message(r) {
+                out.insert(m.id, herald_shared::protocol::msg_frame(&m));
             }
-            Err(e) => tracing::warn!(error = %e, "message frames could not be read from MySQL"),
         }
     }
-    out
+    Ok(out)
 }

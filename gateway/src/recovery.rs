@@ -114,6 +114,9 @@ pub struct Mark {
     pub watermark: MsgId,
 }
 
+/// Devices per watermark upsert statement.
+const WATERMARK_CHUNK: usize = 1_000;
+
 /// Writes watermarks to MySQL in batches; a watermark only moves forward.
 pub async fn flush_watermarks(state: AppState, mut rx: mpsc::Receiver<Mark>, cancel: CancellationToken) {
     let mut batch: Vec<Mark> = Vec::new();
@@ -127,23 +130,26 @@ pub async fn flush_watermarks(state: AppState, mut rx: mpsc::Receiver<Mark>, can
         }
         if !batch.is_empty() {
             let now = now_ms() as i64;
-            let mut q = QueryBuilder::<MySql>::new(
-                "INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at) ",
-            );
-            q.push_values(&batch, |mut b, m| {
-                b.push_bind(&m.tenant)
-                    .push_bind(&m.user)
-                    .push_bind(&m.device)
-                    .push_bind(m.platform)
-                    .push_bind(m.watermark.0)
-                    .push_bind(now)
-                    .push_bind(now);
-            });
-            q.push(" ON DUPLICATE KEY UPDATE watermark = GREATEST(watermark, VALUES(watermark)), last_seen_at = VALUES(last_seen_at)");
-            match q.build().execute(&state.db).await {
-                Ok(_) => metrics::counter!("herald_watermark_flushes_total").increment(1),
-                Err(e) => {
-                    tracing::warn!(error = %e, devices = batch.len(), "watermark flush failed; sessions report again")
+            // 7 placeholders a row: stay far below MySQL's 65 535 per statement.
+            for chunk in batch.chunks(WATERMARK_CHUNK) {
+                let mut q = QueryBuilder::<MySql>::new(
+                    "INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at) ",
+                );
+                q.push_values(chunk, |mut b, m| {
+                    b.push_bind(&m.tenant)
+                        .push_bind(&m.user)
+                        .push_bind(&m.device)
+                        .push_bind(m.platform)
+                        .push_bind(m.watermark.0)
+                        .push_bind(now)
+                        .push_bind(now);
+                });
+                q.push(" ON DUPLICATE KEY UPDATE watermark = GREATEST(watermark, VALUES(watermark)), last_seen_at = VALUES(last_seen_at)");
+                match q.build().execute(&state.db).await {
+                    Ok(_) => metrics::counter!("herald_watermark_flushes_total").increment(1),
+                    Err(e) => {
+                        tracing::warn!(error = %e, devices = chunk.len(), "watermark flush failed; sessions report again")
+                    }
                 }
             }
             batch.clear();

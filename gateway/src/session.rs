@@ -684,7 +684,14 @@ impl Session {
         };
         self.backlog.cursor = last;
         let fresh: Vec<MsgId> = ids.into_iter().filter(|id| !self.inflight.contains_key(id)).collect();
-        let frames = crate::history::frames(&self.state, &fresh).await;
+        let frames = match crate::history::frames(&self.state, &fresh).await {
+            Ok(f) => f,
+            Err(e) => {
+                // Nothing is removed on a failed read: the page is read again.
+                tracing::warn!(error = %e, "message frames could not be read from MySQL");
+                return Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "message frames unavailable"));
+            }
+        };
         let now = Instant::now();
         for id in fresh {
             match frames.get(&id) {

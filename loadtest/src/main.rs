@@ -16,6 +16,7 @@ Scenarios (each shows progress, ends with the integrity check and writes
   steady  [--conversations 500] [--rate 2000] [--duration 20] [--payload 100]
   fanout  [--receivers 2000] [--group 100 (<= 1000)] [--rate 2000] [--duration 20] [--payload 100]
   storm   [--devices 5000] [--backlog 200] [--group 50] [--realtime 100] [--rate 200] [--baseline 5]
+          [--fresh false (true: devices never connected before, registered over HTTP)]
   chaos   --action SECONDS=COMMAND [--action ...] [--conversations 300] [--rate 2000] [--duration 20]
   idle    --gateway-pid PID [--connections 10000] [--group 500] [--connect-rate 2000] [--hold 10]
           [--local-ips 127.0.0.1,127.0.0.2 (connect from several loopback addresses)]
@@ -63,7 +64,7 @@ async fn run(argv: &[String]) -> Result<i32> {
             scenarios::fanout(&args).await?
         }
         "storm" => {
-            options(&args, &["devices", "backlog", "group", "realtime", "rate", "baseline"])?;
+            options(&args, &["devices", "backlog", "group", "realtime", "rate", "baseline", "fresh"])?;
             scenarios::storm(&args).await?
         }
         "chaos" => {

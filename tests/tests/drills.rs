@@ -215,3 +215,50 @@ async fn half_open_closes(c: &Cluster) -> f64 {
     sum_metric(&urls, "herald_heartbeat_timeouts_total").await
         + sum_metric(&urls, "herald_half_open_closes_total").await
 }
+
+/// Regression (found by the 5 000-device storm): a backlog page whose frames could be
+/// read neither from Redis nor from MySQL (the database down, not the messages gone) took
+/// its entries for stale and removed them from the pending set: lost. Now the session
+/// ends and nothing is removed; the device gets every message once MySQL is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_page_unreadable_from_mysql_removes_nothing() {
+    use herald_tests::{eventually, pending_ids, AutoDevice};
+    let mut db = MariaDb::start().await;
+    let mut c = cluster("drill-frames", None);
+    c.mysql_url = format!("{}/{}", db.base_url(), c.db_name);
+    start(&mut c, 1, 1).await;
+    let conv = c.client(0, "alice", "a1").create_conversation(None, "direct", &["alice", "bob"]).await.unwrap();
+    let conv = conv.1["id"].as_str().unwrap().to_string();
+    // Bob's device is known to the gateway and trusted in this epoch, then goes offline.
+    let bob = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    bob.stop().await;
+    for n in 0..5 {
+        c.client(0, "alice", "a1").send(&format!("m{n}"), &conv, &serde_json::json!({"n": n})).await.unwrap();
+    }
+    let (redis, keys) = (c.redis().await, c.keys());
+    let pending = pending_ids(&redis, &keys, "bob", "b1").await;
+    assert_eq!(pending.len(), 5);
+    // The frames are gone from Redis (expired), and MySQL is down.
+    for id in &pending {
+        let _: i64 =
+            fred::interfaces::KeysInterface::del(&redis, keys.message(herald_shared::ids::MsgId(*id))).await.unwrap();
+    }
+    db.kill().await;
+    let dev = AutoDevice::connect_soft(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    if let Some(dev) = dev {
+        eventually(Duration::from_secs(10), "the session ends without its backlog", || async {
+            dev.is_closed().then_some(())
+        })
+        .await;
+        assert!(dev.ids().is_empty());
+        dev.stop().await;
+    }
+    assert_eq!(pending_ids(&redis, &keys, "bob", "b1").await, pending, "nothing left the pending set");
+    db.restart().await;
+    let dev = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    eventually(Duration::from_secs(20), "all five messages, rebuilt from MySQL", || async {
+        (dev.ids() == pending).then_some(())
+    })
+    .await;
+    dev.stop().await;
+}
