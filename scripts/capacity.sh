@@ -55,7 +55,7 @@ if [ "$SCALE" = quick ]; then
   IDLE="--connections 2000 --hold 3"
   CHAOS="--conversations 100 --rate 300 --duration 24"
 else
-  STEADY="--conversations 1000 --rate 5000 --duration 30"
+  STEADY="--conversations 200 --rate 5000 --duration 30"
   FANOUT="--receivers 4000 --group 200 --rate 0 --duration 30"
   STORM="--devices 5000 --backlog 200 --group 50 --realtime 100 --rate 200 --baseline 5"
   # The machine allows 20 000 open files per process: 18 000 sessions is its ceiling.

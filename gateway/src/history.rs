@@ -164,11 +164,13 @@ pub async fn frames(state: &AppState, ids: &[MsgId]) -> Result<HashMap<MsgId, St
     for id in ids {
         let _: Result<(), _> = pipe.get::<(), _>(state.keys.message(*id)).await;
     }
-    let results = pipe.try_all::<Option<String>>().await;
+    // A pipeline that failed as a whole (a timeout) answers with fewer results than
+    // commands: every id without its own frame is read from MySQL, none is skipped.
+    let mut results = pipe.try_all::<Option<String>>().await.into_iter();
     let mut missing = Vec::new();
-    for (id, r) in ids.iter().zip(results) {
-        match r {
-            Ok(Some(frame)) => {
+    for id in ids {
+        match results.next() {
+            Some(Ok(Some(frame))) => {
                 out.insert(*id, frame);
             }
             _ => missing.push(*id),

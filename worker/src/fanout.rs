@@ -268,7 +268,16 @@ impl Fanout {
             call.extend(args);
             let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), call).await?;
         }
-        let mut results = pipe.try_all::<Value>().await.into_iter();
+        let results = pipe.try_all::<Value>().await;
+        // A pipeline that failed as a whole answers with fewer results than commands:
+        // that is a failed fan-out (retried by the outbox), never a partial success.
+        if results.len() != msgs.len() + plans.len() {
+            let first_error = results.into_iter().find_map(Result::err);
+            return Err(first_error.unwrap_or_else(|| {
+                fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out pipeline answered short")
+            }));
+        }
+        let mut results = results.into_iter();
         for _ in msgs {
             results.next().transpose()?;
         }
