@@ -7,6 +7,7 @@
 #   scripts/node.sh restart wk-1     SIGKILL, then start
 set -euo pipefail
 source "$(dirname "$0")/cluster.sh"
+ensure_mariadb
 cluster_env
 case "${1:-}" in
   kill) kill_node "$2" KILL ;;
