@@ -124,7 +124,11 @@ impl State {
         if !self.seen.insert(id) {
             return;
         }
-        let t = self.timelines.entry(conv.to_owned()).or_default();
+        // One allocation per conversation, not per message.
+        if !self.timelines.contains_key(conv) {
+            self.timelines.insert(conv.to_owned(), Timeline::default());
+        }
+        let t = self.timelines.get_mut(conv).expect("just inserted");
         if seq <= t.shown {
             return;
         }

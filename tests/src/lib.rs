@@ -103,6 +103,21 @@ impl Proc {
     }
 }
 
+/// A `redis-server` on loopback `port` as Herald needs it (no persistence, never
+/// evicting), with `extra` arguments (cluster mode).
+pub fn spawn_redis_server(port: u16, extra: &[&str]) -> std::process::Child {
+    let port = port.to_string();
+    let mut args = vec!["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
+    args.extend(["--maxmemory-policy", "noeviction"]);
+    args.extend(extra);
+    std::process::Command::new("redis-server")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed")
+}
+
 /// A private `redis-server` on a free port, for tests that stop Redis.
 pub struct RedisServer {
     pub port: u16,
@@ -123,24 +138,7 @@ impl RedisServer {
     /// Starts it (again) on the same port, empty: no persistence. (The port is below the
     /// ephemeral range, so no outgoing connection can hold it meanwhile.)
     pub async fn restart(&mut self) {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--maxmemory-policy",
-                "noeviction",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed");
-        self.child = Some(child);
+        self.child = Some(spawn_redis_server(self.port, &[]));
         let port = self.port;
         eventually(Duration::from_secs(10), "private redis answers", || async move {
             tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::{eventually, free_port};
+use crate::{eventually, free_port, spawn_redis_server};
 
 /// One `redis-server --cluster-enabled yes` of the cluster.
 struct Node {
@@ -49,33 +49,23 @@ impl RedisCluster {
     async fn start_node(&self) -> Node {
         for _ in 0..5 {
             let (port, bus) = (free_port(), free_port());
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
+            let (bus_port, config) = (bus.to_string(), format!("nodes-{port}.conf"));
+            let dir = self.dir.to_str().expect("utf-8 temp dir");
+            let child = spawn_redis_server(
+                port,
+                &[
                     "--cluster-port",
-                    &bus.to_string(),
-                    "--bind",
-                    "127.0.0.1",
+                    &bus_port,
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
-                    &format!("nodes-{port}.conf"),
+                    &config,
                     "--cluster-node-timeout",
                     "5000",
                     "--dir",
-                    self.dir.to_str().expect("utf-8 temp dir"),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--maxmemory-policy",
-                    "noeviction",
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is installed");
+                    dir,
+                ],
+            );
             let mut node = Node { port, child };
             let up = eventually(Duration::from_secs(10), "cluster node answers or exits", || {
                 let exited = matches!(node.child.try_wait(), Ok(Some(_)));
