@@ -18,6 +18,7 @@ use fred::prelude::*;
 use herald_shared::auth::{Claims, Platform};
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::keys::PENDING_PAGE_LUA;
 use herald_shared::protocol::{ClientFrame, SendResult};
 use serde_json::json;
 
@@ -661,20 +662,18 @@ impl Session {
             self.backlog_resume = Some(tokio::time::Instant::now() + wait);
             return Ok(());
         }
-        let min = if self.backlog.cursor == MsgId(0) { f64::NEG_INFINITY } else { self.backlog.cursor.score() };
-        // Ids above 2^53 can share a score with the cursor: read extra and compare exactly.
+        // Exact after the cursor however many ids share its score (see the script).
+        let (cursor, score) = match self.backlog.cursor {
+            MsgId(0) => (String::new(), String::new()),
+            c => (c.member(), c.score().to_string()),
+        };
         let members: Vec<String> = self
             .state
             .redis
             .next()
-            .zrangebyscore(self.pending_key(), min, f64::INFINITY, false, Some((0, (want + 128) as i64)))
+            .eval(PENDING_PAGE_LUA, vec![self.pending_key()], vec![cursor, score, want.to_string()])
             .await?;
-        let mut ids: Vec<MsgId> = members
-            .iter()
-            .filter_map(|m| MsgId::from_member(m))
-            .filter(|id| *id > self.backlog.cursor || self.backlog.cursor == MsgId(0))
-            .collect();
-        ids.truncate(want);
+        let ids: Vec<MsgId> = members.iter().filter_map(|m| MsgId::from_member(m)).collect();
         let Some(last) = ids.last().copied() else {
             self.backlog.cursor = MsgId(u64::MAX);
             if self.backlog.outstanding.is_empty() {
