@@ -2,7 +2,7 @@
 # The standard capacity suite: starts a local Herald (one worker, two gateways; release
 # build; its own database, Redis prefix and ports, so it can run beside scripts/run.sh),
 # runs the scenarios steady, fanout, storm, idle and chaos, and writes
-# docs/capacity-report.md with the numbers next to the targets of DESIGN.md section 6
+# docs/capacity-report.md with the numbers next to the targets of docs/architecture.md section 6
 # (scenario reports, JSON and SVG charts in docs/capacity/).
 #
 #   scripts/capacity.sh            # the standard suite (about 6 minutes on 2 cores)
