@@ -172,7 +172,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let admin = tokio::net::TcpListener::bind(admin_listen)
         .await
         .map_err(|source| GatewayError::Bind { addr: admin_listen, source })?;
-    tracing::info!(node = %cfg.node_id, listen = %listen, admin = %admin_listen, "gateway started");
+    // The bound addresses (a port of 0 in the configuration picks a free one); test
+    // harnesses read them from this line.
+    let bound =
+        |l: &tokio::net::TcpListener, addr| l.local_addr().map_err(|source| GatewayError::Bind { addr, source });
+    tracing::info!(node = %cfg.node_id, listen = %bound(&listener, listen)?, admin = %bound(&admin, admin_listen)?, "gateway started");
 
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();

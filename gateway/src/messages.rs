@@ -162,7 +162,7 @@ pub async fn send(State(state): State<AppState>, Caller(c): Caller, body: Bytes)
     let started = std::time::Instant::now();
     let req: SendRequest = parse_json(&body)?;
     validate_send(&state, &req.cmid, &req.conv, &req.body)?;
-    if let Err(wait) = state.limits.http_send(&(c.tid.clone(), c.sub.clone(), c.dev.clone())) {
+    if let Err(wait) = state.limits.http_send(&herald_shared::keys::DeviceKey::of(&c)) {
         metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
         return Err(ApiError::rate_limited(wait));
     }

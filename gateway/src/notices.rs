@@ -127,7 +127,7 @@ pub async fn listen(
             }
         }
         for k in env.kick {
-            sessions.kick(&(k.tenant, k.user, k.device), &k.session);
+            sessions.kick(&herald_shared::keys::DeviceKey::new(k.tenant, k.user, k.device), &k.session);
         }
     }
     let _ = client.quit().await;

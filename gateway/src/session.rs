@@ -18,13 +18,13 @@ use fred::prelude::*;
 use herald_shared::auth::{Claims, Platform};
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
-use herald_shared::keys::PENDING_PAGE_LUA;
 use herald_shared::protocol::{ClientFrame, SendResult};
+use herald_shared::scripts;
 use serde_json::json;
 
 use crate::sessions::{Control, DeviceKey, Push};
-use crate::ws::{CLOSE_DRAINING, CLOSE_HEARTBEAT, CLOSE_POLICY, CLOSE_PROTOCOL, CLOSE_REPLACED};
 use crate::AppState;
+use herald_shared::protocol::CloseCode;
 
 /// Sets the device's presence, returning what was there before.
 const PRESENCE_SET_LUA: &str = "local old = redis.call('HGET', KEYS[1], ARGV[1]) \
@@ -92,13 +92,13 @@ const MAX_RATE_LIMITED: u32 = 100;
 
 enum Step {
     Continue,
-    Close(u16, &'static str),
+    Close(CloseCode, &'static str),
 }
 
 impl Session {
     pub async fn run(state: AppState, claims: Claims, socket: WebSocket) {
         let id = format!("{}-{:016x}", state.cfg.node_id, rand::random::<u64>());
-        let key: DeviceKey = (claims.tid.clone(), claims.sub.clone(), claims.dev.clone());
+        let key = DeviceKey::of(&claims);
         let g = &state.cfg.gateway;
         let (page_size, backlog_rate) = match claims.plat {
             Platform::Ios | Platform::Android => (g.backlog_page_mobile, g.backlog_rate_mobile),
@@ -144,13 +144,13 @@ impl Session {
             Ok(()) => self.event_loop(&mut pushes, &mut control, &control_tx, &lagged).await,
             Err(e) => {
                 tracing::warn!(error = %e, "session start failed");
-                Step::Close(1011, "dependency unavailable")
+                Step::Close(CloseCode::InternalError, "dependency unavailable")
             }
         };
         if let Step::Close(code, reason) = outcome {
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
-                self.socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))),
+                self.socket.send(Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }))),
             )
             .await;
         }
@@ -251,7 +251,7 @@ impl Session {
             {
                 if let Err(e) = self.next_backlog_page(cfg.inflight_window - self.inflight.len()).await {
                     tracing::warn!(error = %e, "backlog read failed");
-                    return Step::Close(1011, "dependency unavailable");
+                    return Step::Close(CloseCode::InternalError, "dependency unavailable");
                 }
             }
             let window_open = self.inflight.len() < cfg.inflight_window;
@@ -261,7 +261,7 @@ impl Session {
                 _ = shutdown.cancelled() => return self.drain(cfg.drain_ms).await,
                 Some(c) = control.recv() => match c {
                     Control::Frame(text) => { self.write(text).await; }
-                    Control::Replaced => return Step::Close(CLOSE_REPLACED, "replaced by a newer session"),
+                    Control::Replaced => return Step::Close(CloseCode::Replaced, "replaced by a newer session"),
                     Control::Read { conv, user, seq } => {
                         self.write_read(conv, user, seq).await;
                         let _ = self.socket.send(Message::Ping(Default::default())).await;
@@ -347,8 +347,7 @@ impl Session {
         }
         let key = self.state.keys.reads(&self.claims.tid, &self.claims.sub, &self.claims.dev);
         let args: Vec<String> = self.unconfirmed_reads.drain(..).flat_map(|(f, s)| [f, s.to_string()]).collect();
-        let _: Result<i64, _> =
-            self.state.redis.next().eval(herald_shared::keys::READS_CONFIRM_LUA, vec![key], args).await;
+        let _: Result<i64, _> = scripts::READS_CONFIRM.call(self.state.redis.next(), vec![key], args).await;
     }
 
     fn on_pong(&mut self) {
@@ -406,12 +405,12 @@ impl Session {
         let idle_limit = Duration::from_millis(cfg.heartbeat_ms * 5 / 2);
         if now.duration_since(self.last_seen) > idle_limit {
             metrics::counter!("herald_heartbeat_timeouts_total").increment(1);
-            return Step::Close(CLOSE_HEARTBEAT, "heartbeat timeout");
+            return Step::Close(CloseCode::HeartbeatTimeout, "heartbeat timeout");
         }
         if let Some(probe) = self.probe {
             if now.duration_since(probe) > Duration::from_millis(cfg.ack_probe_ms) {
                 metrics::counter!("herald_half_open_closes_total").increment(1);
-                return Step::Close(CLOSE_HEARTBEAT, "unacked pushes and no pong: half-open");
+                return Step::Close(CloseCode::HeartbeatTimeout, "unacked pushes and no pong: half-open");
             }
         } else if self.inflight.values().any(|t| now.duration_since(*t) > Duration::from_millis(cfg.ack_timeout_ms)) {
             metrics::counter!("herald_ack_timeouts_total").increment(1);
@@ -463,7 +462,7 @@ impl Session {
         self.protocol_errors += 1;
         metrics::counter!("herald_protocol_errors_total").increment(1);
         if self.protocol_errors >= MAX_PROTOCOL_ERRORS {
-            return Step::Close(CLOSE_PROTOCOL, "too many malformed frames");
+            return Step::Close(CloseCode::Protocol, "too many malformed frames");
         }
         Step::Continue
     }
@@ -528,7 +527,7 @@ impl Session {
                     self.write(f.to_string()).await;
                     self.rate_limited += 1;
                     if self.rate_limited >= MAX_RATE_LIMITED {
-                        return Step::Close(CLOSE_POLICY, "rate limits exceeded repeatedly");
+                        return Step::Close(CloseCode::Policy, "rate limits exceeded repeatedly");
                     }
                     return Step::Continue;
                 }
@@ -671,7 +670,7 @@ impl Session {
             .state
             .redis
             .next()
-            .eval(PENDING_PAGE_LUA, vec![self.pending_key()], vec![cursor, score, want.to_string()])
+            .eval(scripts::PENDING_PAGE.source(), vec![self.pending_key()], vec![cursor, score, want.to_string()])
             .await?;
         let ids: Vec<MsgId> = members.iter().filter_map(|m| MsgId::from_member(m)).collect();
         let Some(last) = ids.last().copied() else {
@@ -727,7 +726,7 @@ impl Session {
                 _ => break,
             }
         }
-        Step::Close(CLOSE_DRAINING, "server draining; reconnect")
+        Step::Close(CloseCode::Draining, "server draining; reconnect")
     }
 }
 

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use herald_shared::ids::MsgId;
 use tokio::sync::mpsc;
 
-/// (tenant, user, device)
-pub type DeviceKey = (String, String, String);
+pub use herald_shared::keys::DeviceKey;
 
 /// A realtime push: the frame's bytes are allocated once per node and shared
 /// (reference counted) by every session that writes them.

@@ -10,20 +10,13 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::response::Response;
 use herald_shared::auth::verify;
+use herald_shared::error::ErrorCode;
+use herald_shared::protocol::{CloseCode, ErrorFrame, ServerFrame};
 
 use crate::auth::{register_device, token_of};
 use crate::limits::ConnectionRefused;
 use crate::session::Session;
 use crate::AppState;
-
-pub const CLOSE_HEARTBEAT: u16 = 4000;
-pub const CLOSE_UNAUTHORIZED: u16 = 4001;
-pub const CLOSE_REPLACED: u16 = 4002;
-pub const CLOSE_DRAINING: u16 = 4003;
-pub const CLOSE_POLICY: u16 = 4008;
-pub const CLOSE_PROTOCOL: u16 = 4009;
-/// RFC 6455 "try again later": admission refused in a login storm.
-pub const CLOSE_TRY_AGAIN: u16 = 1013;
 
 /// The raw request parts, for reading the token ourselves.
 pub struct RawParts(Parts);
@@ -57,14 +50,16 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
         let retry = crate::limits::jittered(wait).as_millis() as u64;
         return ws.on_upgrade(move |mut socket| {
             tracker.track_future(async move {
-                let f = serde_json::json!({"t": "error", "code": "rate_limited", "message": "too many connections; retry later", "retry_after_ms": retry});
-                let _ = socket.send(Message::Text(f.to_string().into())).await;
-                close_now(socket, CLOSE_TRY_AGAIN, "retry later".into()).await
+                let f = ErrorFrame::new(ErrorCode::RateLimited, "too many connections; retry later").retry_after(retry);
+                let _ = socket.send(Message::Text(ServerFrame::from(f).to_json().into())).await;
+                close_now(socket, CloseCode::TryAgainLater, "retry later".into()).await
             })
         });
     }
     match claims {
-        Err(reason) => ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, CLOSE_UNAUTHORIZED, reason))),
+        Err(reason) => {
+            ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, CloseCode::Unauthorized, reason)))
+        }
         Ok(claims) => {
             let ip = crate::listener::peer_of(&parts).map(|a| a.ip());
             let permit = match state.limits.connections.admit(ip, &claims.tid, &claims.sub, &claims.dev) {
@@ -79,15 +74,17 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
                     let retry = crate::limits::jittered(Duration::from_secs(5)).as_millis() as u64;
                     return ws.on_upgrade(move |mut socket| {
                         tracker.track_future(async move {
-                            let f = serde_json::json!({"t": "error", "code": "rate_limited", "message": message, "retry_after_ms": retry});
-                            let _ = socket.send(Message::Text(f.to_string().into())).await;
-                            close_now(socket, CLOSE_POLICY, message.into()).await
+                            let f = ErrorFrame::new(ErrorCode::RateLimited, message).retry_after(retry);
+                            let _ = socket.send(Message::Text(ServerFrame::from(f).to_json().into())).await;
+                            close_now(socket, CloseCode::Policy, message.into()).await
                         })
                     });
                 }
             };
             if let Err(e) = register_device(&state, &claims).await {
-                return ws.on_upgrade(move |socket| tracker.track_future(close_now(socket, 1011, e.message)));
+                return ws.on_upgrade(move |socket| {
+                    tracker.track_future(close_now(socket, CloseCode::InternalError, e.message))
+                });
             }
             ws.on_upgrade(move |socket| {
                 tracker.track_future(async move {
@@ -100,7 +97,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     }
 }
 
-pub async fn close_now(mut socket: WebSocket, code: u16, reason: String) {
-    let frame = CloseFrame { code, reason: reason.chars().take(120).collect::<String>().into() };
+pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {
+    let frame = CloseFrame { code: code.code(), reason: reason.chars().take(120).collect::<String>().into() };
     let _ = tokio::time::timeout(Duration::from_secs(2), socket.send(Message::Close(Some(frame)))).await;
 }

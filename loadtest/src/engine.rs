@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use futures::{stream, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
+use herald_client::device::{Device, DeviceLog, DeviceSpec, Observer, Via};
+use herald_client::{token, ClientError, HttpClient};
 use herald_shared::auth::Platform;
-use herald_shared::client::{token, ClientError, HttpClient};
-use herald_shared::device::{Device, DeviceLog, DeviceSpec, Observer, Via};
 use herald_shared::error::ErrorCode;
+use herald_shared::protocol::Message;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -217,10 +218,19 @@ impl Recorder {
     }
 }
 
+/// When the load-test sent a message (`t0` in its body, microseconds).
+fn sent_at(msg: &Message) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        t0: Option<u64>,
+    }
+    serde_json::from_str::<Body>(msg.body.get()).ok().and_then(|b| b.t0)
+}
+
 impl Observer for Recorder {
-    fn message(&self, frame: &Value, via: Via, into_session: Duration) {
+    fn message(&self, msg: &Message, via: Via, into_session: Duration) {
         self.delivered.fetch_add(1, Ordering::Relaxed);
-        let age = frame["body"]["t0"].as_u64().map(|t0| micros_now().saturating_sub(t0));
+        let age = sent_at(msg).map(|t0| micros_now().saturating_sub(t0));
         match via {
             Via::Realtime => {
                 if let Some(age) = age {
@@ -299,6 +309,7 @@ impl Target {
             first_gateway: index,
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
             gap_sync_after: Duration::from_secs(5),
+            reconnect: true,
         };
         Device::spawn(spec, rec.clone())
     }

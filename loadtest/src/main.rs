@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use herald_client::token;
 use herald_loadtest::{probe, report, scenarios, sends, Args};
 use herald_shared::auth::Platform;
-use herald_shared::client::token;
 use serde_json::json;
 
 const USAGE: &str = "usage: herald-loadtest COMMAND [--option value ...]

@@ -13,14 +13,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use herald_client::{token, HttpClient, WsClient, WsEvent};
 use herald_shared::auth::Platform;
-use herald_shared::client::{token, HttpClient, WsClient, WsEvent};
 use herald_shared::ids::now_ms;
+use herald_shared::protocol::{AckFrame, ClientFrame, SendFrame, ServerFrame};
 use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::Args;
 
 /// What one side expects from the other: numbers sent and not yet seen.
+/// What the probe writes into each message's body.
+#[derive(serde::Deserialize)]
+struct ProbeBody {
+    probe_n: u64,
+    t0: u64,
+}
+
 #[derive(Default)]
 struct Expect {
     outstanding: BTreeMap<u64, Instant>,
@@ -112,7 +121,12 @@ async fn side(
             tokio::select! {
                 _ = tick.tick() => {
                     n += 1;
-                    let frame = json!({"t": "send", "cmid": format!("p{}-{n}", now_ms()), "conv": conv, "body": {"probe_n": n, "t0": now_ms()}});
+                    let body = json!({"probe_n": n, "t0": now_ms()}).to_string();
+                    let frame = ClientFrame::Send(SendFrame {
+                        cmid: format!("p{}-{n}", now_ms()),
+                        conv: conv.clone(),
+                        body: RawValue::from_string(body).expect("JSON"),
+                    });
                     if ws.send(&frame).await.is_err() { break; }
                     peer_expects.lock().expect("expect").outstanding.insert(n, Instant::now());
                     metrics::counter!("herald_probe_sent_total").increment(1);
@@ -125,10 +139,10 @@ async fn side(
                     }
                 }
                 ev = ws.next(Duration::from_secs(3600)) => match ev {
-                    Some(WsEvent::Frame(f)) if f["t"] == "msg" => {
-                        let id = f["id"].as_str().unwrap_or_default().to_string();
-                        let _ = ws.send(&json!({"t": "ack", "ids": [id]})).await;
-                        let (Some(num), Some(t0)) = (f["body"]["probe_n"].as_u64(), f["body"]["t0"].as_u64()) else { continue };
+                    Some(WsEvent::Frame(ServerFrame::Msg(m))) => {
+                        let _ = ws.send(&ClientFrame::Ack(AckFrame { ids: vec![m.id] })).await;
+                        let id = m.id.to_string();
+                        let Ok(ProbeBody { probe_n: num, t0 }) = serde_json::from_str(m.body.get()) else { continue };
                         let mut e = mine.lock().expect("expect");
                         match e.seen.get(&num) {
                             Some(prev) if *prev == id => metrics::counter!("herald_probe_repeats_total").increment(1),
@@ -145,7 +159,7 @@ async fn side(
                             }
                         }
                     }
-                    Some(WsEvent::Frame(_)) => {}
+                    Some(WsEvent::Frame(_) | WsEvent::Other(_)) => {}
                     Some(WsEvent::Closed(_)) | None => break,
                 },
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use futures::future::join_all;
-use herald_shared::device::{Device, DeviceLog};
+use herald_client::device::{Device, DeviceLog};
 use serde_json::{json, Value};
 
 use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
@@ -437,7 +437,7 @@ pub async fn idle(args: &Args) -> Result<ScenarioReport> {
             .await?;
             rec.send_acked(t.elapsed());
             acked.lock().expect("log").push(crate::integrity::Acked::of(&r, &c.sender, "s", "idle-check".into()));
-            Ok::<_, herald_shared::client::ClientError>(())
+            Ok::<_, herald_client::ClientError>(())
         }
     });
     for r in join_all(sends).await {

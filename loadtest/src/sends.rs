@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use hdrhistogram::Histogram;
+use herald_client::{token, HttpClient};
 use herald_shared::auth::Platform;
-use herald_shared::client::{token, HttpClient};
 use serde_json::json;
 
 use crate::Args;

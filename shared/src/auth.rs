@@ -1,4 +1,4 @@
-//! Client identity: HS256 JWTs (PROTOCOL.md section 1).
+//! Client identity: HS256 JWTs (docs/protocol.md section 1).
 //!
 //! The algorithm is pinned: the header must say `HS256`, so `alg: none` and
 //! RS/HS confusion tokens are refused before any signature check.
@@ -23,6 +23,11 @@ pub enum Platform {
 }
 
 impl Platform {
+    /// Phones: smaller backlog pages and a slower backlog rate than desktops and browsers.
+    pub fn is_mobile(self) -> bool {
+        matches!(self, Platform::Ios | Platform::Android)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Platform::Ios => "ios",

@@ -1,4 +1,4 @@
-//! The protocol's error codes (PROTOCOL.md section 3) and their HTTP statuses.
+//! The protocol's error codes (docs/protocol.md section 3) and their HTTP statuses.
 
 use serde::{Deserialize, Serialize};
 

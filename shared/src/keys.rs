@@ -1,10 +1,88 @@
-//! The Redis key schema (DESIGN.md section 3) and the Lua scripts that run on it.
+//! The Redis key schema (docs/architecture.md, "Delivery state") and the values stored
+//! under it that more than one process reads: device keys, presence values, epoch
+//! markers. The Lua scripts that run on these keys are in [`crate::scripts`].
 //!
 //! `{t:u}` is a hash tag of tenant and user: every key of one user lives in one Redis
 //! Cluster slot, so a script may touch all of them at once. Ingress streams carry their
 //! shard number as the tag so they spread over slots.
 
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::auth::Claims;
 use crate::ids::MsgId;
+
+/// One device of one user of one tenant: whom a session, a pending set or a push is for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceKey {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+}
+
+impl DeviceKey {
+    pub fn new(tenant: impl Into<String>, user: impl Into<String>, device: impl Into<String>) -> DeviceKey {
+        DeviceKey { tenant: tenant.into(), user: user.into(), device: device.into() }
+    }
+
+    /// The device a token names.
+    pub fn of(c: &Claims) -> DeviceKey {
+        DeviceKey::new(c.tid.clone(), c.sub.clone(), c.dev.clone())
+    }
+}
+
+impl fmt::Display for DeviceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.tenant, self.user, self.device)
+    }
+}
+
+/// On the node channel a device key is `[tenant, user, device]`.
+impl Serialize for DeviceKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (&self.tenant, &self.user, &self.device).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (tenant, user, device) = <(String, String, String)>::deserialize(d)?;
+        Ok(DeviceKey { tenant, user, device })
+    }
+}
+
+/// Where a device is connected: a field of the user's presence hash, `node|session`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PresenceValue {
+    pub node: String,
+    pub session: String,
+}
+
+impl PresenceValue {
+    pub fn new(node: impl Into<String>, session: impl Into<String>) -> PresenceValue {
+        PresenceValue { node: node.into(), session: session.into() }
+    }
+
+    /// Reads a stored value; `None` for anything that is not `node|session` (node ids
+    /// cannot contain `|`).
+    pub fn parse(value: &str) -> Option<PresenceValue> {
+        let (node, session) = value.split_once('|')?;
+        (!node.is_empty()).then(|| PresenceValue::new(node, session))
+    }
+}
+
+impl fmt::Display for PresenceValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}|{}", self.node, self.session)
+    }
+}
+
+/// The field of a user's devices hash naming the Redis epoch in which the device's
+/// pending set was last known complete (see the gateway's recovery).
+pub fn epoch_marker(device: &str) -> String {
+    format!("epoch:{device}")
+}
 
 /// Builds key names under one prefix (`hd` by default; tests use their own).
 #[derive(Clone, Debug)]
@@ -19,6 +97,11 @@ impl Keys {
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// [`Keys::pending`] of a device key.
+    pub fn pending_of(&self, d: &DeviceKey) -> String {
+        self.pending(&d.tenant, &d.user, &d.device)
     }
 
     /// ZSET of a device's unacked messages: score = id (as f64), member = fixed-width id.
@@ -80,112 +163,6 @@ impl Keys {
 /// The consumer group every worker reads the ingress streams with.
 pub const INGRESS_GROUP: &str = "workers";
 
-/// Adds messages to the pending sets of one user's devices and reports where each
-/// device is connected. One slot: every key is the user's.
-///
-/// KEYS: presence, overflow, pending set of device 1..n.
-/// ARGV: cap, n, then per device: device id, count, count x (score, member).
-/// Returns: device 1, presence of device 1 (or false), ..., for every device.
-pub const FANOUT_LUA: &str = r#"
-local cap = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
-local pos = 3
-local out = {}
-for i = 1, n do
-  local dev = ARGV[pos]
-  local count = tonumber(ARGV[pos + 1])
-  pos = pos + 2
-  local key = KEYS[i + 2]
-  local j = 0
-  while j < count do
-    local args = {}
-    local chunk = math.min(count - j, 500)
-    for k = 1, chunk do
-      args[#args + 1] = ARGV[pos]
-      args[#args + 1] = ARGV[pos + 1]
-      pos = pos + 2
-    end
-    redis.call('ZADD', key, unpack(args))
-    j = j + chunk
-  end
-  local card = redis.call('ZCARD', key)
-  if card > cap then
-    local dropped = redis.call('ZRANGE', key, 0, card - cap - 1)
-    redis.call('ZREMRANGEBYRANK', key, 0, card - cap - 1)
-    local prev = redis.call('HGET', KEYS[2], dev)
-    if not prev or prev > dropped[1] then
-      redis.call('HSET', KEYS[2], dev, dropped[1])
-    end
-  end
-  out[#out + 1] = dev
-  out[#out + 1] = redis.call('HGET', KEYS[1], dev)
-end
-return out
-"#;
-
-/// Records a read position for one user's devices (only forward) and reports where
-/// each device is connected.
-///
-/// KEYS: presence, then the reads hash of device 1..n. ARGV: field, seq, ttl ms, device 1..n.
-/// Returns: device, presence (or false), for every device.
-pub const READS_LUA: &str = r#"
-local field, seq, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local out = {}
-for i = 2, #KEYS do
-  local cur = redis.call('HGET', KEYS[i], field)
-  if not cur or tonumber(cur) < seq then
-    redis.call('HSET', KEYS[i], field, seq)
-  end
-  redis.call('PEXPIRE', KEYS[i], ttl)
-  local dev = ARGV[i + 2]
-  out[#out + 1] = dev
-  out[#out + 1] = redis.call('HGET', KEYS[1], dev)
-end
-return out
-"#;
-
-/// Removes confirmed read positions unless a newer one arrived meanwhile.
-/// KEYS: reads hash. ARGV: field, seq pairs.
-pub const READS_CONFIRM_LUA: &str = r#"
-local n = 0
-for i = 1, #ARGV, 2 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if cur and tonumber(cur) <= tonumber(ARGV[i + 1]) then
-    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
-  end
-end
-return n
-"#;
-
-/// The next page of a pending set after a cursor, exact for any number of ids that
-/// share one `f64` score (ids above 2^53: up to 64 per score today, 1 024 near 2^63).
-/// Within one score Redis orders members lexicographically, which for the fixed-width
-/// members is id order, so the first entry after the cursor is found by its rank: the
-/// cursor's own rank when it is still in the set, else a binary search among the
-/// members of the cursor's score.
-///
-/// KEYS: pending set. ARGV: cursor member ("" = from the start), cursor score, count.
-/// Returns: up to `count` members after the cursor, in id order.
-pub const PENDING_PAGE_LUA: &str = r#"
-local key, cursor, n = KEYS[1], ARGV[1], tonumber(ARGV[3])
-local start = 0
-if cursor ~= '' then
-  local rank = redis.call('ZRANK', key, cursor)
-  if rank then
-    start = rank + 1
-  else
-    local lo = redis.call('ZCOUNT', key, '-inf', '(' .. ARGV[2])
-    local hi = lo + redis.call('ZCOUNT', key, ARGV[2], ARGV[2])
-    while lo < hi do
-      local mid = math.floor((lo + hi) / 2)
-      if redis.call('ZRANGE', key, mid, mid)[1] <= cursor then lo = mid + 1 else hi = mid end
-    end
-    start = lo
-  end
-end
-return redis.call('ZRANGE', key, start, start + n - 1)
-"#;
-
 /// Stable shard of a conversation: FNV-1a over tenant and conversation id. Every process
 /// must agree on it, so it must never change.
 pub fn shard_of(tenant: &str, conv: &str, shards: u32) -> u32 {
@@ -207,6 +184,16 @@ mod tests {
         assert_eq!(k.pending("acme", "alice", "p1"), "hd:{acme:alice}:pend:p1");
         assert_eq!(k.presence("acme", "alice"), "hd:{acme:alice}:presence");
         assert_eq!(k.ingress(3), "hd:ingress:{3}");
+    }
+
+    #[test]
+    fn presence_values_round_trip_and_refuse_garbage() {
+        let v = PresenceValue::new("gw-1", "gw-1-00ff");
+        assert_eq!(v.to_string(), "gw-1|gw-1-00ff");
+        assert_eq!(PresenceValue::parse(&v.to_string()), Some(v));
+        assert_eq!(PresenceValue::parse("no-bar"), None);
+        assert_eq!(PresenceValue::parse("|s"), None);
+        assert_eq!(epoch_marker("p1"), "epoch:p1");
     }
 
     #[test]

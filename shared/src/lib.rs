@@ -6,23 +6,21 @@
 //! - [`config`]: layered, validated configuration.
 //! - [`protocol`]: wire frames and gateway/worker messages.
 //! - [`error`]: the protocol's error codes.
-//! - [`keys`]: the Redis key schema and Lua scripts.
+//! - [`keys`]: the Redis key schema, device keys and presence values.
+//! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
 //! - [`db`]: the MySQL schema (migrations) and pools.
 //! - [`redis`]: Redis connection settings.
 //! - [`ops`]: health, readiness, metrics and the admin guard.
 //! - [`telemetry`]: tracing and metrics setup.
-//! - [`client`]: the Rust client library used by the load-test and the tests.
-//! - [`device`]: a device that reconnects, acks, drops repeats, orders by `seq`, fills gaps.
 
 pub mod auth;
-pub mod client;
 pub mod config;
 pub mod db;
-pub mod device;
 pub mod error;
 pub mod ids;
 pub mod keys;
 pub mod ops;
 pub mod protocol;
 pub mod redis;
+pub mod scripts;
 pub mod telemetry;

@@ -8,14 +8,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use fred::interfaces::LuaInterface;
 use fred::prelude::*;
-use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 use herald_shared::db::TextColumns;
 use herald_shared::ids::MsgId;
-use herald_shared::keys::{Keys, FANOUT_LUA};
+use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
 use herald_shared::protocol::{msg_frame, Delivery, Message, NodeEnvelope};
+use herald_shared::scripts;
 use serde_json::value::RawValue;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
@@ -37,16 +36,12 @@ pub struct Fanout {
     db: MySqlPool,
     redis: Pool,
     keys: Keys,
-    script: Script,
     message_ttl_s: i64,
     pending_cap: u64,
 }
 
 /// Pending-set additions for one user: device -> messages.
 type UserPlan = BTreeMap<String, Vec<MsgId>>;
-
-/// (tenant, user, device)
-type DeviceAddr = (String, String, String);
 
 /// One device of one member of a conversation.
 #[derive(Clone, Debug)]
@@ -68,14 +63,7 @@ impl Recipient {
 
 impl Fanout {
     pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64) -> Self {
-        Fanout {
-            db,
-            redis,
-            keys,
-            script: Script::from_lua(FANOUT_LUA),
-            message_ttl_s: message_ttl_s as i64,
-            pending_cap,
-        }
+        Fanout { db, redis, keys, message_ttl_s: message_ttl_s as i64, pending_cap }
     }
 
     /// Reads committed messages back from MySQL (for the outbox dispatcher).
@@ -183,28 +171,24 @@ impl Fanout {
         let client = self.redis.next();
         let results = match self.write(client, msgs, &frames, &plans).await {
             Err(e) if e.to_string().contains("NOSCRIPT") => {
-                if client.is_clustered() {
-                    let _: () = client.script_load_cluster(FANOUT_LUA).await?;
-                } else {
-                    let _: String = client.script_load(FANOUT_LUA).await?;
-                }
+                scripts::FANOUT.script().load(client).await?;
                 self.write(client, msgs, &frames, &plans).await?
             }
             other => other?,
         };
 
         // Online devices, grouped by the node that holds them.
-        let mut by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceAddr>>> = BTreeMap::new();
+        let mut by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceKey>>> = BTreeMap::new();
         for (((tenant, user), plan), online) in plans.iter().zip(results) {
             for (device, node) in online {
                 let Some(ids) = plan.get(&device) else {
                     continue;
                 };
                 for id in ids {
-                    by_node.entry(node.clone()).or_default().entry(*id).or_default().push((
-                        tenant.clone(),
-                        user.clone(),
-                        device.clone(),
+                    by_node.entry(node.clone()).or_default().entry(*id).or_default().push(DeviceKey::new(
+                        tenant.as_str(),
+                        user.as_str(),
+                        device.as_str(),
                     ));
                 }
             }
@@ -262,7 +246,7 @@ impl Fanout {
             // EVALSHA through `custom`: pipelines have no Lua interface. The slot is
             // the first key's (offset 2: sha, numkeys, key...).
             let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-            call.push(self.script.sha1().clone().into());
+            call.push(scripts::FANOUT.script().sha1().clone().into());
             call.push((keys.len() as i64).into());
             call.extend(keys.into_iter().map(Value::from));
             call.extend(args);
@@ -287,9 +271,8 @@ impl Fanout {
             let flat = r?.into_array();
             for pair in flat.chunks(2) {
                 if let [dev, Value::String(presence)] = pair {
-                    let node = presence.split('|').next().unwrap_or_default().to_string();
-                    if let (Some(dev), false) = (dev.as_string(), node.is_empty()) {
-                        devices.push((dev, node));
+                    if let (Some(dev), Some(p)) = (dev.as_string(), PresenceValue::parse(presence)) {
+                        devices.push((dev, p.node));
                     }
                 }
             }

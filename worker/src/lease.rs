@@ -9,14 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fred::interfaces::LuaInterface;
 use fred::prelude::*;
 use herald_shared::ids::{MsgId, Snowflake, MAX_WORKER_ID};
-
-const RENEW_LUA: &str =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
-const RELEASE_LUA: &str =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+use herald_shared::scripts;
 
 /// One lease held (or lost) by this process.
 #[derive(Debug)]
@@ -59,8 +54,8 @@ impl Lease {
     /// Extends the lease; `Ok(false)` when it was lost (expired and maybe taken).
     pub async fn renew(&self, redis: &Pool) -> Result<bool, Error> {
         let sent = Instant::now();
-        let renewed: i64 = redis
-            .eval(RENEW_LUA, vec![self.key.clone()], vec![self.token.clone(), self.ttl.as_millis().to_string()])
+        let renewed: i64 = scripts::LEASE_RENEW
+            .call(redis.next(), vec![self.key.clone()], vec![self.token.clone(), self.ttl.as_millis().to_string()])
             .await?;
         if renewed == 1 {
             self.mark_renewed(sent);
@@ -73,7 +68,8 @@ impl Lease {
 
     pub async fn release(&self, redis: &Pool) {
         self.valid_until.store(0, Ordering::Release);
-        let _: Result<i64, _> = redis.eval(RELEASE_LUA, vec![self.key.clone()], vec![self.token.clone()]).await;
+        let _: Result<i64, _> =
+            scripts::LEASE_RELEASE.call(redis.next(), vec![self.key.clone()], vec![self.token.clone()]).await;
     }
 
     pub fn key(&self) -> &str {

@@ -8,12 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use fred::interfaces::LuaInterface;
 use fred::prelude::*;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
-use herald_shared::keys::{Keys, READS_LUA};
+use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
 use herald_shared::protocol::{read_field, NodeEnvelope, ReadEntry, ReadPush, SendOutcome};
+use herald_shared::scripts;
 use sqlx::mysql::MySqlPool;
 use sqlx::Row;
 
@@ -130,19 +130,22 @@ impl ReadReceipts {
                 keys.extend(devices.iter().map(|d| self.keys.reads(&m.tenant, &user, d)));
                 let mut args = vec![field.clone(), m.seq.to_string(), self.ttl_ms.to_string()];
                 args.extend(devices.iter().cloned());
-                let out: Vec<Value> = self.redis.next().eval(READS_LUA, keys, args).await?;
+                let out: Vec<Value> = scripts::READS_RECORD.call(self.redis.next(), keys, args).await?;
                 for pair in out.chunks(2) {
                     if let [dev, Value::String(presence)] = pair {
-                        let node = presence.split('|').next().unwrap_or_default().to_string();
-                        let Some(dev) = dev.as_string() else { continue };
+                        let (Some(dev), Some(PresenceValue { node, .. })) =
+                            (dev.as_string(), PresenceValue::parse(presence))
+                        else {
+                            continue;
+                        };
                         let pushes = by_node.entry(node).or_default();
                         match pushes.iter_mut().find(|p| p.conv == m.conv && p.user == m.user && p.seq == m.seq) {
-                            Some(p) => p.to.push((m.tenant.clone(), user.clone(), dev)),
+                            Some(p) => p.to.push(DeviceKey::new(m.tenant.as_str(), user.as_str(), dev)),
                             None => pushes.push(ReadPush {
                                 conv: m.conv.clone(),
                                 user: m.user.clone(),
                                 seq: m.seq,
-                                to: vec![(m.tenant.clone(), user.clone(), dev)],
+                                to: vec![DeviceKey::new(m.tenant.as_str(), user.as_str(), dev)],
                             }),
                         }
                     }

@@ -1,21 +1,12 @@
-//! The Rust client library: Herald's HTTP API for the load-test and the tests.
+//! Herald's HTTP API (docs/protocol.md section 2) for one device.
 
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use crate::auth::{sign, Claims, Platform};
-use crate::error::{ErrorBody, ErrorCode};
-use crate::ids::now_ms;
-use crate::protocol::SendResult;
-
-/// Mints a token for a device, valid for a day.
-pub fn token(secret: &str, tenant: &str, user: &str, device: &str, plat: Platform) -> String {
-    let claims =
-        Claims { tid: tenant.into(), sub: user.into(), dev: device.into(), plat, exp: now_ms() / 1000 + 86_400 };
-    sign(&claims, secret.as_bytes())
-}
+use herald_shared::error::{ErrorBody, ErrorCode};
+use herald_shared::protocol::SendResult;
 
 /// What went wrong with a call: the protocol's error, or the transport.
 #[derive(Debug, thiserror::Error)]
@@ -112,7 +103,7 @@ impl HttpClient {
     }
 
     /// Sends, retrying with the same `cmid` while the server says `unavailable` or
-    /// `rate_limited` (PROTOCOL.md section 4.1).
+    /// `rate_limited` (docs/protocol.md section 4, rule 1).
     pub async fn send_until_committed(
         &self,
         cmid: &str,
@@ -150,104 +141,5 @@ impl HttpClient {
         let status = resp.status().as_u16();
         let v = resp.json::<Value>().await.unwrap_or(Value::Null);
         Ok((status, v))
-    }
-}
-
-/// What a WebSocket client sees next.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WsEvent {
-    /// A JSON text frame.
-    Frame(Value),
-    /// The server closed, with its close code.
-    Closed(Option<u16>),
-}
-
-/// A device's WebSocket session (`GET /v1/ws`).
-pub struct WsClient {
-    ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
-}
-
-impl std::fmt::Debug for WsClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WsClient")
-    }
-}
-
-impl WsClient {
-    /// Connects with the token in the query string (as browsers must).
-    pub async fn connect(base: &str, token: &str) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
-        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
-        let (ws, _) = tokio_tungstenite::connect_async(url).await?;
-        Ok(WsClient { ws })
-    }
-
-    /// Like [`WsClient::connect`], from a chosen local address (many loopback addresses
-    /// give a load-test more source ports than one address has).
-    pub async fn connect_from(
-        base: &str,
-        token: &str,
-        local: Option<std::net::IpAddr>,
-    ) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
-        let Some(local) = local else { return Self::connect(base, token).await };
-        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
-        let host = base.split("://").nth(1).unwrap_or(base).trim_end_matches('/');
-        let remote = tokio::net::lookup_host(host)
-            .await?
-            .next()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} does not resolve")))?;
-        let socket = if remote.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
-        socket.bind(std::net::SocketAddr::new(local, 0))?;
-        let stream = socket.connect(remote).await?;
-        stream.set_nodelay(true)?;
-        let (ws, _) = tokio_tungstenite::client_async(url, tokio_tungstenite::MaybeTlsStream::Plain(stream)).await?;
-        Ok(WsClient { ws })
-    }
-
-    pub async fn send(&mut self, frame: &Value) -> Result<(), tokio_tungstenite::tungstenite::Error> {
-        use futures::SinkExt;
-        self.ws.send(tokio_tungstenite::tungstenite::Message::text(frame.to_string())).await
-    }
-
-    /// Sends raw text (for tests of malformed frames).
-    pub async fn send_text(&mut self, text: &str) -> Result<(), tokio_tungstenite::tungstenite::Error> {
-        use futures::SinkExt;
-        self.ws.send(tokio_tungstenite::tungstenite::Message::text(text.to_owned())).await
-    }
-
-    /// The next frame or close, within `timeout`; `None` on timeout.
-    pub async fn next(&mut self, timeout: Duration) -> Option<WsEvent> {
-        use futures::StreamExt;
-        use tokio_tungstenite::tungstenite::Message;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let msg = tokio::time::timeout_at(deadline, self.ws.next()).await.ok()?;
-            match msg {
-                Some(Ok(Message::Text(t))) => {
-                    return Some(WsEvent::Frame(
-                        serde_json::from_str(t.as_str()).unwrap_or(Value::String(t.to_string())),
-                    ))
-                }
-                Some(Ok(Message::Close(c))) => return Some(WsEvent::Closed(c.map(|c| u16::from(c.code)))),
-                Some(Ok(_)) => continue,
-                Some(Err(_)) | None => return Some(WsEvent::Closed(None)),
-            }
-        }
-    }
-
-    /// The next frame of type `t`, skipping others; `None` on timeout or close.
-    pub async fn next_of(&mut self, t: &str, timeout: Duration) -> Option<Value> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match self.next(left).await? {
-                WsEvent::Frame(f) if f["t"] == t => return Some(f),
-                WsEvent::Frame(_) => continue,
-                WsEvent::Closed(_) => return None,
-            }
-        }
-    }
-
-    pub async fn close(mut self) {
-        let _ = self.ws.close(None).await;
     }
 }

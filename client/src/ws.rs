@@ -1,0 +1,117 @@
+//! A device's WebSocket session (`GET /v1/ws`), frames typed both ways.
+
+use std::time::Duration;
+
+use herald_shared::protocol::{ClientFrame, FrameKind, ServerFrame};
+
+/// What a WebSocket client sees next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WsEvent {
+    /// A server frame.
+    Frame(ServerFrame),
+    /// A text frame that is no server frame this build knows (a newer server's): clients
+    /// skip it.
+    Other(String),
+    /// The server closed, with its close code.
+    Closed(Option<u16>),
+}
+
+/// A device's WebSocket session (`GET /v1/ws`).
+pub struct WsClient {
+    ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+}
+
+impl std::fmt::Debug for WsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WsClient")
+    }
+}
+
+impl WsClient {
+    /// Connects with the token in the query string (as browsers must).
+    pub async fn connect(base: &str, token: &str) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
+        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
+        let (ws, _) = tokio_tungstenite::connect_async(url).await?;
+        Ok(WsClient { ws })
+    }
+
+    /// Like [`WsClient::connect`], from a chosen local address (many loopback addresses
+    /// give a load-test more source ports than one address has).
+    pub async fn connect_from(
+        base: &str,
+        token: &str,
+        local: Option<std::net::IpAddr>,
+    ) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
+        let Some(local) = local else { return Self::connect(base, token).await };
+        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
+        let host = base.split("://").nth(1).unwrap_or(base).trim_end_matches('/');
+        let remote = tokio::net::lookup_host(host)
+            .await?
+            .next()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} does not resolve")))?;
+        let socket = if remote.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.bind(std::net::SocketAddr::new(local, 0))?;
+        let stream = socket.connect(remote).await?;
+        stream.set_nodelay(true)?;
+        let (ws, _) = tokio_tungstenite::client_async(url, tokio_tungstenite::MaybeTlsStream::Plain(stream)).await?;
+        Ok(WsClient { ws })
+    }
+
+    pub async fn send(&mut self, frame: &ClientFrame) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        self.send_text(&frame.to_json()).await
+    }
+
+    /// Sends any JSON value (for tests of frames a well-behaved client never sends).
+    pub async fn send_json(&mut self, frame: &serde_json::Value) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        self.send_text(&frame.to_string()).await
+    }
+
+    /// Sends raw text (for tests of malformed frames).
+    pub async fn send_text(&mut self, text: &str) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+        use futures::SinkExt;
+        self.ws.send(tokio_tungstenite::tungstenite::Message::text(text.to_owned())).await
+    }
+
+    /// The next frame or close, within `timeout`; `None` on timeout.
+    pub async fn next(&mut self, timeout: Duration) -> Option<WsEvent> {
+        use futures::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let msg = tokio::time::timeout_at(deadline, self.ws.next()).await.ok()?;
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    return Some(match ServerFrame::parse(t.as_str()) {
+                        Ok(f) => WsEvent::Frame(f),
+                        Err(_) => WsEvent::Other(t.to_string()),
+                    })
+                }
+                Some(Ok(Message::Close(c))) => return Some(WsEvent::Closed(c.map(|c| u16::from(c.code)))),
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return Some(WsEvent::Closed(None)),
+            }
+        }
+    }
+
+    /// The next frame of kind `T` (`ws.next_of::<Hello>(..)`), skipping others; `None`
+    /// on timeout or close.
+    pub async fn next_of<T: FrameKind>(&mut self, timeout: Duration) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await? {
+                WsEvent::Frame(f) => {
+                    if let Some(f) = T::from_frame(f) {
+                        return Some(f);
+                    }
+                }
+                WsEvent::Other(_) => continue,
+                WsEvent::Closed(_) => return None,
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+}

@@ -1,0 +1,121 @@
+//! The wire protocol (docs/protocol.md) and the messages gateways and workers exchange.
+//!
+//! - [`server`]: every frame the server sends, as one tagged enum ([`ServerFrame`]).
+//! - [`client`]: every frame a client sends ([`ClientFrame`]), parsed with a reference
+//!   kept for errors.
+//! - [`close`]: the WebSocket close codes.
+//! - [`node`]: ingress stream entries and node-channel envelopes (internal).
+
+pub mod client;
+pub mod close;
+pub mod node;
+pub mod server;
+
+#[cfg(test)]
+mod client_proptests;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::ids::MsgId;
+
+pub use client::{AckFrame, ClientFrame, FrameError, PingFrame, ReadFrame, SendFrame, SyncFrame};
+pub use close::CloseCode;
+pub use node::{
+    read_field, Delivery, IngressEntry, IngressRequest, Kick, NodeEnvelope, ReadEntry, ReadPush, SendNotice,
+    SendOutcome,
+};
+pub use server::{CaughtUp, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Sent, ServerFrame};
+
+/// Longest client message id.
+pub const MAX_CMID_LEN: usize = 64;
+
+/// A committed message as clients see it (`msg` frames and history items).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Message {
+    pub id: MsgId,
+    pub conv: String,
+    pub seq: u64,
+    pub from: String,
+    pub cmid: String,
+    pub ts: u64,
+    pub body: Box<RawValue>,
+}
+
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        (self.id, &self.conv, self.seq, &self.from, &self.cmid, self.ts, self.body.get())
+            == (other.id, &other.conv, other.seq, &other.from, &other.cmid, other.ts, other.body.get())
+    }
+}
+
+/// The answer to a send, over HTTP (`200`) or as a `sent` frame.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SendResult {
+    pub id: MsgId,
+    pub conv: String,
+    pub seq: u64,
+    pub ts: u64,
+    pub dup: bool,
+}
+
+/// Serializes a `msg` frame once; its bytes are shared by every recipient.
+pub fn msg_frame(m: &Message) -> String {
+    ServerFrame::Msg(m.clone()).to_json()
+}
+
+/// A conversation's kind (docs/protocol.md section 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConversationKind {
+    /// Exactly two members, fixed.
+    Direct,
+    Group,
+}
+
+impl ConversationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConversationKind::Direct => "direct",
+            ConversationKind::Group => "group",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ConversationKind> {
+        match s {
+            "direct" => Some(ConversationKind::Direct),
+            "group" => Some(ConversationKind::Group),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn msg_frames_carry_ids_as_strings_and_the_body_verbatim() {
+        let m = Message {
+            id: MsgId(7_405_329_411_723_264_001),
+            conv: "c1".into(),
+            seq: 3,
+            from: "alice".into(),
+            cmid: "m-1".into(),
+            ts: 1,
+            body: RawValue::from_string(r#"{"text":"hi"}"#.into()).unwrap(),
+        };
+        let f = msg_frame(&m);
+        assert!(f.starts_with(r#"{"t":"msg","id":"7405329411723264001""#), "{f}");
+        assert!(f.contains(r#""body":{"text":"hi"}"#));
+    }
+
+    #[test]
+    fn conversation_kinds_parse_their_own_names_only() {
+        for k in [ConversationKind::Direct, ConversationKind::Group] {
+            assert_eq!(ConversationKind::parse(k.as_str()), Some(k));
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{}\"", k.as_str()));
+        }
+        assert_eq!(ConversationKind::parse("Direct"), None);
+    }
+}

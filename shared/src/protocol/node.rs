@@ -1,0 +1,223 @@
+//! What gateways and workers tell each other: entries of the ingress streams (sends
+//! and read receipts on their way to a worker) and envelopes on a gateway node's
+//! channel (answers, deliveries, read positions, kicks). Internal: not part of the
+//! client protocol, but every process of a cluster must agree on it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::SendResult;
+use crate::error::ErrorCode;
+use crate::ids::MsgId;
+use crate::keys::DeviceKey;
+
+/// One send request, as the gateway writes it into an ingress stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IngressEntry {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+    pub cmid: String,
+    pub conv: String,
+    /// The body's JSON text, already validated and size-checked by the gateway.
+    pub body: String,
+    /// Gateway node that waits for the answer, and its request id there.
+    pub node: String,
+    pub rid: u64,
+}
+
+impl IngressEntry {
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("tid", self.tenant.clone()),
+            ("uid", self.user.clone()),
+            ("dev", self.device.clone()),
+            ("cmid", self.cmid.clone()),
+            ("conv", self.conv.clone()),
+            ("body", self.body.clone()),
+            ("node", self.node.clone()),
+            ("rid", self.rid.to_string()),
+        ]
+    }
+
+    pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<IngressEntry> {
+        let get = |k: &str| f.get(k).cloned();
+        Some(IngressEntry {
+            tenant: get("tid")?,
+            user: get("uid")?,
+            device: get("dev")?,
+            cmid: get("cmid")?,
+            conv: get("conv")?,
+            body: get("body")?,
+            node: get("node")?,
+            rid: get("rid")?.parse().ok()?,
+        })
+    }
+}
+
+/// A read receipt on its way to a worker (same stream as the conversation's sends).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadEntry {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+    pub conv: String,
+    pub seq: u64,
+    pub node: String,
+    pub rid: u64,
+}
+
+impl ReadEntry {
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("k", "read".into()),
+            ("tid", self.tenant.clone()),
+            ("uid", self.user.clone()),
+            ("dev", self.device.clone()),
+            ("conv", self.conv.clone()),
+            ("seq", self.seq.to_string()),
+            ("node", self.node.clone()),
+            ("rid", self.rid.to_string()),
+        ]
+    }
+
+    pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<ReadEntry> {
+        let get = |k: &str| f.get(k).cloned();
+        Some(ReadEntry {
+            tenant: get("tid")?,
+            user: get("uid")?,
+            device: get("dev")?,
+            conv: get("conv")?,
+            seq: get("seq")?.parse().ok()?,
+            node: get("node")?,
+            rid: get("rid")?.parse().ok()?,
+        })
+    }
+}
+
+/// Anything a gateway puts into an ingress stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IngressRequest {
+    Send(IngressEntry),
+    Read(ReadEntry),
+}
+
+impl IngressRequest {
+    pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<IngressRequest> {
+        match f.get("k").map(String::as_str) {
+            None | Some("send") => IngressEntry::from_fields(f).map(IngressRequest::Send),
+            Some("read") => ReadEntry::from_fields(f).map(IngressRequest::Read),
+            Some(_) => None,
+        }
+    }
+
+    pub fn node_and_rid(&self) -> (&str, u64) {
+        match self {
+            IngressRequest::Send(e) => (&e.node, e.rid),
+            IngressRequest::Read(e) => (&e.node, e.rid),
+        }
+    }
+}
+
+/// The field of a device's read-state hash: conversation and reader. A space cannot
+/// occur in either id.
+pub fn read_field(conv: &str, reader: &str) -> String {
+    format!("{conv} {reader}")
+}
+
+/// What a worker tells a gateway node about one send request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SendNotice {
+    pub rid: u64,
+    #[serde(flatten)]
+    pub outcome: SendOutcome,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SendOutcome {
+    Ok(SendResult),
+    /// A read receipt applied: the stored position (which only moves forward).
+    Read {
+        conv: String,
+        read_seq: u64,
+    },
+    Err {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// A read position pushed to devices on one node (latest wins; confirmed by a pong).
+#[derive(Debug, Serialize, Deserialize, Clone)]
+pub struct ReadPush {
+    pub conv: String,
+    pub user: String,
+    pub seq: u64,
+    pub to: Vec<DeviceKey>,
+}
+
+/// One message pushed to a set of devices on one node.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Delivery {
+    pub id: MsgId,
+    pub frame: Box<RawValue>,
+    /// (tenant, user, device) of every recipient device on the node.
+    pub to: Vec<DeviceKey>,
+}
+
+/// Everything published to one node's channel in one go.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct NodeEnvelope {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sent: Vec<SendNotice>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deliver: Vec<Delivery>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kick: Vec<Kick>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<ReadPush>,
+}
+
+/// Tells a node to close a session replaced elsewhere (close code 4002).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Kick {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+    pub session: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn notices_round_trip() {
+        let n = SendNotice {
+            rid: 4,
+            outcome: SendOutcome::Err { code: ErrorCode::Forbidden, message: "not a member".into() },
+        };
+        let s = serde_json::to_string(&n).unwrap();
+        assert_eq!(serde_json::from_str::<SendNotice>(&s).unwrap(), n);
+    }
+
+    #[test]
+    fn device_keys_travel_as_three_strings() {
+        let env = NodeEnvelope {
+            kick: vec![Kick { tenant: "t".into(), user: "u".into(), device: "d".into(), session: "s".into() }],
+            reads: vec![ReadPush {
+                conv: "c".into(),
+                user: "u".into(),
+                seq: 1,
+                to: vec![DeviceKey::new("t", "u", "d")],
+            }],
+            ..Default::default()
+        };
+        let s = serde_json::to_string(&env).unwrap();
+        assert!(s.contains(r#""to":[["t","u","d"]]"#), "{s}");
+        let back: NodeEnvelope = serde_json::from_str(&s).unwrap();
+        assert_eq!(back.reads[0].to, vec![DeviceKey::new("t", "u", "d")]);
+    }
+}

@@ -1,0 +1,307 @@
+//! Every frame the server sends (docs/protocol.md section 3, "Server to client"), as
+//! one enum tagged by `t`. The gateway serializes these; the client library, the
+//! load-test and the tests parse them, so both sides share one definition.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Message, SendResult};
+use crate::error::ErrorCode;
+use crate::ids::MsgId;
+
+/// A server frame. Serialized with its type in `t` (`{"t":"hello",...}`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum ServerFrame {
+    Hello(Hello),
+    Msg(Message),
+    Sent(Sent),
+    Read(ReadPosition),
+    CaughtUp(CaughtUp),
+    History(History),
+    Pong(Pong),
+    Error(ErrorFrame),
+    Reconnect(Reconnect),
+}
+
+/// The first frame of a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub session: String,
+    /// The server's heartbeat interval.
+    pub hb_ms: u64,
+    /// Messages waiting for this device when the session started.
+    pub pending: u64,
+}
+
+/// The answer to a `send`, only after the message is committed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sent {
+    pub cmid: String,
+    pub id: MsgId,
+    pub conv: String,
+    pub seq: u64,
+    pub ts: u64,
+    pub dup: bool,
+}
+
+impl Sent {
+    pub fn new(cmid: impl Into<String>, r: &SendResult) -> Sent {
+        Sent { cmid: cmid.into(), id: r.id, conv: r.conv.clone(), seq: r.seq, ts: r.ts, dup: r.dup }
+    }
+}
+
+/// A member (or this user on another device) has read `conv` up to `seq`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadPosition {
+    pub conv: String,
+    pub user: String,
+    pub seq: u64,
+}
+
+/// The device's backlog is delivered and acked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaughtUp {
+    pub delivered: u64,
+}
+
+/// The answer to `sync`: a page of one conversation's history in `seq` order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    pub conv: String,
+    pub items: Vec<Message>,
+    pub more: bool,
+    /// The request's `ref` (null when it had none).
+    #[serde(rename = "ref", default)]
+    pub reference: Option<String>,
+}
+
+/// The answer to `ping`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pong {
+    pub ts: u64,
+}
+
+/// A request failed. `ref` echoes the request's `cmid` or `ref` when it had one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorFrame {
+    pub code: ErrorCode,
+    pub message: String,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+impl ErrorFrame {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ErrorFrame {
+        ErrorFrame { code, message: message.into(), reference: None, retry_after_ms: None }
+    }
+
+    pub fn with_ref(mut self, reference: Option<String>) -> ErrorFrame {
+        self.reference = reference;
+        self
+    }
+
+    pub fn retry_after(mut self, ms: u64) -> ErrorFrame {
+        self.retry_after_ms = Some(ms);
+        self
+    }
+}
+
+/// The server is draining: reconnect after this delay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reconnect {
+    pub after_ms: u64,
+}
+
+/// Why a text could not be read as a server frame.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerFrameError {
+    #[error("not a JSON object with a string `t`: {0}")]
+    Malformed(String),
+    /// A frame type this build does not know (a newer server): clients skip it.
+    #[error("unknown frame type {0:?}")]
+    Unknown(String),
+    #[error("invalid {t} frame: {error}")]
+    Invalid { t: String, error: serde_json::Error },
+}
+
+impl ServerFrame {
+    /// The frame's `t`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ServerFrame::Hello(_) => Hello::T,
+            ServerFrame::Msg(_) => Message::T,
+            ServerFrame::Sent(_) => Sent::T,
+            ServerFrame::Read(_) => ReadPosition::T,
+            ServerFrame::CaughtUp(_) => CaughtUp::T,
+            ServerFrame::History(_) => History::T,
+            ServerFrame::Pong(_) => Pong::T,
+            ServerFrame::Error(_) => ErrorFrame::T,
+            ServerFrame::Reconnect(_) => Reconnect::T,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("server frames serialize")
+    }
+
+    /// Parses a frame in two steps, `t` first: a tagged enum cannot hold a message's raw
+    /// `body`, which is kept byte for byte.
+    pub fn parse(text: &str) -> Result<ServerFrame, ServerFrameError> {
+        #[derive(Deserialize)]
+        struct Head<'a> {
+            #[serde(borrow)]
+            t: std::borrow::Cow<'a, str>,
+        }
+        let head: Head = serde_json::from_str(text).map_err(|e| ServerFrameError::Malformed(e.to_string()))?;
+        fn read<T: serde::de::DeserializeOwned>(
+            text: &str,
+            t: &str,
+            wrap: fn(T) -> ServerFrame,
+        ) -> Result<ServerFrame, ServerFrameError> {
+            serde_json::from_str(text).map(wrap).map_err(|error| ServerFrameError::Invalid { t: t.to_owned(), error })
+        }
+        let t = head.t.as_ref();
+        match t {
+            Hello::T => read(text, t, ServerFrame::Hello),
+            Message::T => read(text, t, ServerFrame::Msg),
+            Sent::T => read(text, t, ServerFrame::Sent),
+            ReadPosition::T => read(text, t, ServerFrame::Read),
+            CaughtUp::T => read(text, t, ServerFrame::CaughtUp),
+            History::T => read(text, t, ServerFrame::History),
+            Pong::T => read(text, t, ServerFrame::Pong),
+            ErrorFrame::T => read(text, t, ServerFrame::Error),
+            Reconnect::T => read(text, t, ServerFrame::Reconnect),
+            other => Err(ServerFrameError::Unknown(other.to_owned())),
+        }
+    }
+}
+
+/// One kind of server frame: its `t`, and how to take it out of a [`ServerFrame`]
+/// (`ws.next_of::<Hello>(..)`).
+pub trait FrameKind: Sized {
+    const T: &'static str;
+    fn from_frame(frame: ServerFrame) -> Option<Self>;
+    fn into_frame(self) -> ServerFrame;
+}
+
+macro_rules! frame_kind {
+    ($($ty:ty => $variant:ident, $t:literal;)*) => {$(
+        impl FrameKind for $ty {
+            const T: &'static str = $t;
+            fn from_frame(frame: ServerFrame) -> Option<Self> {
+                match frame {
+                    ServerFrame::$variant(f) => Some(f),
+                    _ => None,
+                }
+            }
+            fn into_frame(self) -> ServerFrame {
+                ServerFrame::$variant(self)
+            }
+        }
+        impl From<$ty> for ServerFrame {
+            fn from(f: $ty) -> ServerFrame {
+                ServerFrame::$variant(f)
+            }
+        }
+    )*};
+}
+
+frame_kind! {
+    Hello => Hello, "hello";
+    Message => Msg, "msg";
+    Sent => Sent, "sent";
+    ReadPosition => Read, "read";
+    CaughtUp => CaughtUp, "caught_up";
+    History => History, "history";
+    Pong => Pong, "pong";
+    ErrorFrame => Error, "error";
+    Reconnect => Reconnect, "reconnect";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::value::RawValue;
+
+    fn message(id: u64, seq: u64) -> Message {
+        Message {
+            id: MsgId(id),
+            conv: "c1".into(),
+            seq,
+            from: "alice".into(),
+            cmid: format!("m-{seq}"),
+            ts: 1_700_000_000_000,
+            body: RawValue::from_string(r#"{"text": "hi", "n": [1, 2.5]}"#.into()).unwrap(),
+        }
+    }
+
+    /// One frame of every type.
+    fn every_frame() -> Vec<ServerFrame> {
+        vec![
+            Hello { session: "gw-1-00ff".into(), hb_ms: 25_000, pending: 3 }.into(),
+            message(u64::MAX - 1, 7).into(),
+            Sent {
+                cmid: "m-1".into(),
+                id: MsgId(7_405_329_411_723_264_001),
+                conv: "c1".into(),
+                seq: 1,
+                ts: 5,
+                dup: true,
+            }
+            .into(),
+            ReadPosition { conv: "c1".into(), user: "bob".into(), seq: 9 }.into(),
+            CaughtUp { delivered: 200 }.into(),
+            History {
+                conv: "c1".into(),
+                items: vec![message(1 << 60, 1), message((1 << 60) + 1, 2)],
+                more: true,
+                reference: Some("r".into()),
+            }
+            .into(),
+            History { conv: "c1".into(), items: vec![], more: false, reference: None }.into(),
+            Pong { ts: 42 }.into(),
+            ErrorFrame::new(ErrorCode::RateLimited, "slow down").with_ref(Some("m-2".into())).retry_after(250).into(),
+            ErrorFrame::new(ErrorCode::Forbidden, "not a member").into(),
+            Reconnect { after_ms: 1_234 }.into(),
+        ]
+    }
+
+    #[test]
+    fn every_server_frame_round_trips() {
+        let frames = every_frame();
+        let kinds: std::collections::BTreeSet<&str> = frames.iter().map(ServerFrame::kind).collect();
+        assert_eq!(kinds.len(), 9, "every frame type is covered: {kinds:?}");
+        for f in frames {
+            let text = f.to_json();
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["t"], f.kind(), "{text}");
+            assert_eq!(ServerFrame::parse(&text).unwrap(), f, "{text}");
+        }
+    }
+
+    #[test]
+    fn ids_are_strings_bodies_verbatim_and_optional_fields_as_documented() {
+        let text = ServerFrame::from(message(u64::MAX, 1)).to_json();
+        assert!(text.contains(r#""id":"18446744073709551615""#), "{text}");
+        assert!(text.contains(r#""body":{"text": "hi", "n": [1, 2.5]}"#), "the body is kept byte for byte: {text}");
+        let e = ServerFrame::from(ErrorFrame::new(ErrorCode::Internal, "x")).to_json();
+        assert_eq!(e, r#"{"t":"error","code":"internal","message":"x"}"#);
+        let h = ServerFrame::from(History { conv: "c".into(), items: vec![], more: false, reference: None }).to_json();
+        assert_eq!(h, r#"{"t":"history","conv":"c","items":[],"more":false,"ref":null}"#);
+    }
+
+    #[test]
+    fn unknown_and_malformed_frames_are_told_apart() {
+        assert!(
+            matches!(ServerFrame::parse(r#"{"t":"typing","conv":"c"}"#), Err(ServerFrameError::Unknown(t)) if t == "typing")
+        );
+        assert!(matches!(ServerFrame::parse(r#"{"t":5}"#), Err(ServerFrameError::Malformed(_))));
+        assert!(matches!(ServerFrame::parse(r#"{"t":"hello"}"#), Err(ServerFrameError::Invalid { .. })));
+        // Fields a newer server adds are ignored.
+        let f = ServerFrame::parse(r#"{"t":"pong","ts":3,"extra":true}"#).unwrap();
+        assert_eq!(f, Pong { ts: 3 }.into());
+        assert_eq!(Pong::from_frame(f), Some(Pong { ts: 3 }));
+    }
+}

@@ -1,0 +1,98 @@
+//! Every Lua script Herald runs, in one place. Each script's source is a file in
+//! `shared/src/lua/` whose header states its KEYS/ARGV contract; scripts run by
+//! `EVALSHA` and are loaded (on every master of a cluster) when Redis does not know them
+//! yet, after a restart for instance.
+
+use std::sync::OnceLock;
+
+use fred::error::Error;
+use fred::prelude::Client;
+use fred::types::scripts::Script;
+use fred::types::{FromValue, MultipleKeys, MultipleValues};
+
+/// One Lua script.
+#[derive(Debug)]
+pub struct Lua {
+    name: &'static str,
+    source: &'static str,
+    script: OnceLock<Script>,
+}
+
+impl Lua {
+    const fn new(name: &'static str, source: &'static str) -> Lua {
+        Lua { name, source, script: OnceLock::new() }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+
+    /// The script with its SHA-1, for `EVALSHA` in pipelines.
+    pub fn script(&self) -> &Script {
+        self.script.get_or_init(|| Script::from_lua(self.source))
+    }
+
+    /// Runs the script (`EVALSHA`, loading it on `NOSCRIPT`).
+    pub async fn call<R, K, V>(&self, client: &Client, keys: K, args: V) -> Result<R, Error>
+    where
+        R: FromValue,
+        K: Into<MultipleKeys> + Send,
+        V: TryInto<MultipleValues> + Send,
+        V::Error: Into<Error> + Send,
+    {
+        self.script().evalsha_with_reload(client, keys, args).await
+    }
+}
+
+macro_rules! scripts {
+    ($($(#[$doc:meta])* $name:ident = $file:literal;)*) => {
+        $($(#[$doc])* pub static $name: Lua = Lua::new($file, include_str!(concat!("lua/", $file, ".lua")));)*
+        /// Every script, for tests and for loading them all at once.
+        pub static ALL: &[&Lua] = &[$(&$name),*];
+    };
+}
+
+scripts! {
+    /// Adds committed messages to one user's pending sets (with the cap) and reports
+    /// where each device is connected.
+    FANOUT = "fanout";
+    /// Records a read position for one user's devices and reports their presence.
+    READS_RECORD = "reads_record";
+    /// Removes read positions a device confirmed.
+    READS_CONFIRM = "reads_confirm";
+    /// The next backlog page after a cursor, exact above 2^53.
+    PENDING_PAGE = "pending_page";
+    /// Sets a device's presence, returning the session it replaces.
+    PRESENCE_SET = "presence_set";
+    /// Keeps a device's presence alive, setting it again when it vanished.
+    PRESENCE_KEEP = "presence_keep";
+    /// Clears a device's presence if it is still this session's.
+    PRESENCE_CLEAR = "presence_clear";
+    /// A pending set's oldest member, if the set is trusted in this epoch.
+    OLDEST_IF_TRUSTED = "oldest_if_trusted";
+    /// Renews a lease held by this token.
+    LEASE_RENEW = "lease_renew";
+    /// Releases a lease held by this token.
+    LEASE_RELEASE = "lease_release";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_states_its_contract_and_has_a_distinct_hash() {
+        let mut hashes = std::collections::HashSet::new();
+        for s in ALL {
+            assert!(s.source().contains("-- KEYS:"), "{} does not state its KEYS", s.name());
+            assert!(s.source().contains("ARGV:"), "{} does not state its ARGV", s.name());
+            assert!(s.source().contains("-- Returns:"), "{} does not state what it returns", s.name());
+            assert!(hashes.insert(s.script().sha1().to_string()), "{}", s.name());
+        }
+        assert_eq!(ALL.len(), 10);
+    }
+}
