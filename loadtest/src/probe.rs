@@ -50,7 +50,7 @@ pub async fn probe(args: &Args) -> Result<()> {
     let conv = format!("probe-{name}");
 
     let metrics = herald_shared::telemetry::init_metrics();
-    let ready = herald_shared::ops::Readiness::default();
+    let ready = herald_shared::process::Readiness::default();
     let app = herald_shared::ops::router(metrics, ready.clone());
     let listener = tokio::net::TcpListener::bind(listen).await?;
     eprintln!("probe metrics on http://{}/metrics", listener.local_addr()?);
@@ -58,7 +58,7 @@ pub async fn probe(args: &Args) -> Result<()> {
 
     let tok = |user: &str| token(&secret, &tenant, user, "probe", Platform::Probe);
     HttpClient::new(gateways[0].clone(), tok(&a)).create_conversation(Some(&conv), "direct", &[&a, &b]).await?;
-    ready.set(true);
+    ready.set_dependencies(true);
 
     let deadline = (duration > 0).then(|| Instant::now() + Duration::from_secs(duration));
     let to_b: Arc<Mutex<Expect>> = Arc::default();

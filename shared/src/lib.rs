@@ -10,7 +10,8 @@
 //! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
 //! - [`db`]: the MySQL schema (migrations) and pools.
 //! - [`redis`]: Redis connection settings.
-//! - [`ops`]: health, readiness, metrics and the admin guard.
+//! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
+//! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard.
 //! - [`telemetry`]: tracing and metrics setup.
 
 pub mod auth;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod ids;
 pub mod keys;
 pub mod ops;
+pub mod process;
 pub mod protocol;
 pub mod redis;
 pub mod scripts;

@@ -1,7 +1,6 @@
 //! The operations listener shared by every process: `/healthz`, `/readyz`, `/metrics`,
 //! and the bearer-token guard of `/admin/...`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -13,19 +12,7 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
-
-/// Shared readiness flag, kept current by the process's health loop.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Release);
-    }
-    pub fn get(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
+use crate::process::Readiness;
 
 /// The protocol's error body with its status.
 pub fn error_response(code: ErrorCode, message: impl Into<String>) -> Response {
