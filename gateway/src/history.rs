@@ -1,23 +1,29 @@
-//! Reads from MySQL, the backstop of push: a conversation's history (gap filling) and
-//! the device-level sync of everything after an id.
+//! Reads from MySQL, the backstop of push: a conversation's history (gap filling), the
+//! device-level sync of everything after an id, and the `msg` frames of backlog ids
+//! (from Redis, else rebuilt from MySQL).
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
-use axum::Json;
 use fred::prelude::*;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::MsgId;
+use herald_shared::keys::Keys;
 use herald_shared::protocol::Message;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
-use sqlx::mysql::MySqlRow;
+use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::Row;
 
-use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
-use crate::AppState;
+
+/// Reads of committed messages.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub db: MySqlPool,
+    pub redis: Pool,
+    pub keys: Keys,
+}
 
 #[derive(Debug, Serialize)]
 pub struct Page {
@@ -41,65 +47,108 @@ fn message(r: &MySqlRow) -> Result<Message, sqlx::Error> {
     })
 }
 
-/// A conversation's messages after `after_seq`, within the caller's membership range.
-pub async fn conversation(
-    state: &AppState,
-    tenant: &str,
-    user: &str,
-    conv: &str,
-    after_seq: u64,
-    limit: u32,
-) -> ApiResult<Page> {
-    let member =
-        sqlx::query("SELECT joined_seq, left_seq FROM members WHERE tenant_id = ? AND conv_id = ? AND user_id = ?")
-            .bind(tenant)
-            .bind(conv)
-            .bind(user)
-            .fetch_optional(&state.db)
-            .await?;
-    let Some(member) = member else {
-        let exists = sqlx::query("SELECT 1 FROM conversations WHERE tenant_id = ? AND id = ?")
-            .bind(tenant)
-            .bind(conv)
-            .fetch_optional(&state.db)
-            .await?
-            .is_some();
-        return Err(if exists {
-            ApiError::new(ErrorCode::Forbidden, "not a member of this conversation")
-        } else {
-            ApiError::not_found()
-        });
-    };
-    let joined: u64 = member.try_get(0)?;
-    let left: Option<u64> = member.try_get(1)?;
-    let rows = sqlx::query(&format!(
-        "SELECT {MESSAGE_COLUMNS} FROM messages msg WHERE msg.tenant_id = ? AND msg.conv_id = ? AND msg.seq > ? AND msg.seq <= ? \
-         ORDER BY msg.seq LIMIT ?"
-    ))
-    .bind(tenant)
-    .bind(conv)
-    .bind(after_seq.max(joined))
-    .bind(left.unwrap_or(u64::MAX >> 1))
-    .bind(limit + 1)
-    .fetch_all(&state.db)
-    .await?;
-    page(rows, limit)
-}
+impl History {
+    /// A conversation's messages after `after_seq`, within the caller's membership range.
+    pub async fn conversation(
+        &self,
+        tenant: &str,
+        user: &str,
+        conv: &str,
+        after_seq: u64,
+        limit: u32,
+    ) -> ApiResult<Page> {
+        let member =
+            sqlx::query("SELECT joined_seq, left_seq FROM members WHERE tenant_id = ? AND conv_id = ? AND user_id = ?")
+                .bind(tenant)
+                .bind(conv)
+                .bind(user)
+                .fetch_optional(&self.db)
+                .await?;
+        let Some(member) = member else {
+            let exists = sqlx::query("SELECT 1 FROM conversations WHERE tenant_id = ? AND id = ?")
+                .bind(tenant)
+                .bind(conv)
+                .fetch_optional(&self.db)
+                .await?
+                .is_some();
+            return Err(if exists {
+                ApiError::new(ErrorCode::Forbidden, "not a member of this conversation")
+            } else {
+                ApiError::not_found()
+            });
+        };
+        let joined: u64 = member.try_get(0)?;
+        let left: Option<u64> = member.try_get(1)?;
+        let rows = sqlx::query(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages msg WHERE msg.tenant_id = ? AND msg.conv_id = ? AND msg.seq > ? AND msg.seq <= ? \
+             ORDER BY msg.seq LIMIT ?"
+        ))
+        .bind(tenant)
+        .bind(conv)
+        .bind(after_seq.max(joined))
+        .bind(left.unwrap_or(u64::MAX >> 1))
+        .bind(limit + 1)
+        .fetch_all(&self.db)
+        .await?;
+        page(rows, limit)
+    }
 
-/// Every message of every conversation of the user with id > `after`, in id order.
-pub async fn device_sync(state: &AppState, tenant: &str, user: &str, after: MsgId, limit: u32) -> ApiResult<Page> {
-    let rows = sqlx::query(&format!(
-        "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
-         WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.seq > m.joined_seq \
-         AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) ORDER BY msg.id LIMIT ?"
-    ))
-    .bind(tenant)
-    .bind(user)
-    .bind(after.0)
-    .bind(limit + 1)
-    .fetch_all(&state.db)
-    .await?;
-    page(rows, limit)
+    /// Every message of every conversation of the user with id > `after`, in id order.
+    pub async fn device_sync(&self, tenant: &str, user: &str, after: MsgId, limit: u32) -> ApiResult<Page> {
+        let rows = sqlx::query(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
+             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.seq > m.joined_seq \
+             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) ORDER BY msg.id LIMIT ?"
+        ))
+        .bind(tenant)
+        .bind(user)
+        .bind(after.0)
+        .bind(limit + 1)
+        .fetch_all(&self.db)
+        .await?;
+        page(rows, limit)
+    }
+
+    /// The `msg` frames of these ids: from Redis (`m:{id}`), else rebuilt from MySQL.
+    pub async fn frames(&self, ids: &[MsgId]) -> Result<HashMap<MsgId, String>, sqlx::Error> {
+        let mut out = HashMap::with_capacity(ids.len());
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let pipe = self.redis.next().pipeline();
+        for id in ids {
+            let _: Result<(), _> = pipe.get::<(), _>(self.keys.message(*id)).await;
+        }
+        // A pipeline that failed as a whole (a timeout) answers with fewer results than
+        // commands: every id without its own frame is read from MySQL, none is skipped.
+        let mut results = pipe.try_all::<Option<String>>().await.into_iter();
+        let mut missing = Vec::new();
+        for id in ids {
+            match results.next() {
+                Some(Ok(Some(frame))) => {
+                    out.insert(*id, frame);
+                }
+                _ => missing.push(*id),
+            }
+        }
+        if !missing.is_empty() {
+            let mut q = sqlx::QueryBuilder::<sqlx::MySql>::new(format!(
+                "SELECT {MESSAGE_COLUMNS} FROM messages msg WHERE msg.id IN ("
+            ));
+            let mut sep = q.separated(", ");
+            for id in &missing {
+                sep.push_bind(id.0);
+            }
+            q.push(")");
+            // An error is not an absence: the caller must not take these ids for stale.
+            for r in &q.build().fetch_all(&self.db).await? {
+                if let Ok(m) = message(r) {
+                    out.insert(m.id, herald_shared::protocol::msg_frame(&m));
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn page(rows: Vec<MySqlRow>, limit: u32) -> ApiResult<Page> {
@@ -115,82 +164,4 @@ pub fn check_limit(limit: Option<u32>, default: u32, max: u32) -> ApiResult<u32>
         return Err(ApiError::bad_request(format!("limit must be 1..{max}")));
     }
     Ok(limit)
-}
-
-#[derive(Deserialize)]
-pub struct MessagesQuery {
-    after_seq: Option<u64>,
-    limit: Option<u32>,
-}
-
-/// `GET /v1/conversations/{id}/messages`
-pub async fn messages(
-    State(state): State<AppState>,
-    Caller(c): Caller,
-    Path(conv): Path<String>,
-    Query(q): Query<MessagesQuery>,
-) -> ApiResult<Json<Page>> {
-    let limit = check_limit(q.limit, 100, 1_000)?;
-    Ok(Json(conversation(&state, &c.tid, &c.sub, &conv, q.after_seq.unwrap_or(0), limit).await?))
-}
-
-#[derive(Deserialize)]
-pub struct SyncQuery {
-    after: Option<String>,
-    limit: Option<u32>,
-}
-
-/// `GET /v1/sync`
-pub async fn sync(
-    State(state): State<AppState>,
-    Caller(c): Caller,
-    Query(q): Query<SyncQuery>,
-) -> ApiResult<Json<Page>> {
-    let limit = check_limit(q.limit, 200, 1_000)?;
-    let after = match q.after.as_deref() {
-        None | Some("") => MsgId(0),
-        Some(s) => s.parse().map_err(|_| ApiError::bad_request("after must be a message id (decimal string)"))?,
-    };
-    Ok(Json(device_sync(&state, &c.tid, &c.sub, after, limit).await?))
-}
-
-/// The `msg` frames of these ids: from Redis (`m:{id}`), else rebuilt from MySQL.
-pub async fn frames(state: &AppState, ids: &[MsgId]) -> Result<HashMap<MsgId, String>, sqlx::Error> {
-    let mut out = HashMap::with_capacity(ids.len());
-    if ids.is_empty() {
-        return Ok(out);
-    }
-    let pipe = state.redis.next().pipeline();
-    for id in ids {
-        let _: Result<(), _> = pipe.get::<(), _>(state.keys.message(*id)).await;
-    }
-    // A pipeline that failed as a whole (a timeout) answers with fewer results than
-    // commands: every id without its own frame is read from MySQL, none is skipped.
-    let mut results = pipe.try_all::<Option<String>>().await.into_iter();
-    let mut missing = Vec::new();
-    for id in ids {
-        match results.next() {
-            Some(Ok(Some(frame))) => {
-                out.insert(*id, frame);
-            }
-            _ => missing.push(*id),
-        }
-    }
-    if !missing.is_empty() {
-        let mut q = sqlx::QueryBuilder::<sqlx::MySql>::new(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages msg WHERE msg.id IN ("
-        ));
-        let mut sep = q.separated(", ");
-        for id in &missing {
-            sep.push_bind(id.0);
-        }
-        q.push(")");
-        // An error is not an absence: the caller must not take these ids for stale.
-        for r in &q.build().fetch_all(&state.db).await? {
-            if let Ok(m) = message(r) {
-                out.insert(m.id, herald_shared::protocol::msg_frame(&m));
-            }
-        }
-    }
-    Ok(out)
 }

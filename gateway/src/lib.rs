@@ -1,51 +1,53 @@
-//! Herald's gateway: the public HTTP (and, next, WebSocket) edge.
+//! Herald's gateway: the public HTTP and WebSocket edge. This module only wires the
+//! parts together and runs them.
 //!
-//! # Layout
-//! - [`auth`]: tokens on every request; device registration.
-//! - [`conversations`]: create, members, list.
-//! - [`messages`]: the durable send.
-//! - [`notices`]: the node channel (answers, deliveries, kicks).
-//! - [`history`]: reads from MySQL (history, device sync, frames of backlog).
-//! - [`ws`], [`session`], [`sessions`]: WebSocket sessions and their registry.
-//! - [`error`]: the API error type.
-//! - [`limits`]: rate and connection limits; [`listener`]: the public listener.
+//! # Layout (lower modules never import higher ones; docs/architecture.md)
+//! - Leaves: [`error`] (the API error), [`limits`] (rate and connection limits),
+//!   [`listener`] (the public listener), [`waiters`] (requests awaiting answers),
+//!   [`epoch`] (the Redis epoch), [`sessions`] (the directory of sessions here).
+//! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
+//!   streams), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
+//!   [`watermarks`] (their flusher), [`notices`] (the node channel).
+//! - [`session`]: one WebSocket session.
+//! - [`state`]: the services bundled for the handlers; [`api`]: the HTTP handlers and
+//!   the WebSocket upgrade.
 
-pub mod auth;
-pub mod conversations;
+pub mod api;
+pub mod devices;
+pub mod epoch;
 pub mod error;
 pub mod history;
+pub mod ingress;
 pub mod limits;
 pub mod listener;
-pub mod messages;
 pub mod notices;
 pub mod recovery;
 pub mod session;
 pub mod sessions;
-pub mod ws;
+pub mod state;
+pub mod waiters;
+pub mod watermarks;
 
-#[cfg(test)]
-mod body_strategies;
-
-use std::collections::HashSet;
 use std::future::Future;
-use std::ops::Deref;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use fred::prelude::*;
 use herald_shared::config::Config;
 use herald_shared::keys::Keys;
-use herald_shared::ops::Readiness;
-use sqlx::mysql::MySqlPool;
+use herald_shared::process::{Criticality, Process, Readiness};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::Caller;
-use crate::notices::SendWaiters;
+use crate::epoch::EpochWatch;
+use crate::history::History;
+use crate::ingress::Ingress;
+use crate::notices::NodeChannel;
+use crate::recovery::Recovery;
+use crate::session::SessionEnv;
 use crate::sessions::SessionRegistry;
+use crate::state::{AppState, Gateway};
+use crate::waiters::SendWaiters;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -59,100 +61,10 @@ pub enum GatewayError {
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
 }
 
-#[derive(Debug)]
-pub struct GatewayState {
-    pub cfg: Config,
-    pub db: MySqlPool,
-    pub redis: Pool,
-    pub keys: Keys,
-    pub waiters: Arc<SendWaiters>,
-    /// Devices already registered in MySQL by this process.
-    pub known_devices: Mutex<HashSet<(String, String, String)>>,
-    pub sessions: Arc<SessionRegistry>,
-    /// Every WebSocket session is tracked here: axum does not track upgraded sockets.
-    pub tracker: TaskTracker,
-    /// Cancelled when the gateway drains: sessions send `reconnect` and close.
-    pub shutdown: CancellationToken,
-    /// The current Redis epoch (see [`recovery`]), and a counter bumped when it changes,
-    /// so sessions can check it every tick without copying the string.
-    pub epoch: std::sync::RwLock<String>,
-    pub epoch_generation: std::sync::atomic::AtomicU64,
-    /// Watermark reports of sessions, flushed to MySQL in batches.
-    pub marks: tokio::sync::mpsc::Sender<recovery::Mark>,
-    pub limits: limits::NodeLimits,
-}
-
-impl GatewayState {
-    pub fn epoch(&self) -> String {
-        self.epoch.read().expect("epoch").clone()
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct AppState(Arc<GatewayState>);
-
-impl Deref for AppState {
-    type Target = GatewayState;
-    fn deref(&self) -> &GatewayState {
-        &self.0
-    }
-}
-
-/// The public API.
-pub fn router(state: AppState) -> Router {
-    // The JSON envelope around a maximal body, with room for escaping.
-    let body_limit = state.cfg.gateway.max_body_bytes * 2 + 4096;
-    Router::new()
-        .route("/v1/devices", post(register))
-        .route("/v1/conversations", post(conversations::create).get(conversations::list))
-        .route("/v1/conversations/{id}/members", post(conversations::change_members))
-        .route("/v1/messages", post(messages::send))
-        .route("/v1/conversations/{id}/messages", get(history::messages))
-        .route("/v1/conversations/{id}/read", post(messages::read))
-        .route("/v1/sync", get(history::sync))
-        .route("/v1/ws", get(ws::upgrade))
-        .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::map_response(protocol_error_body))
-        .with_state(state)
-}
-
-/// Refusals that come from axum itself (unknown path, body over the limit, a plain GET
-/// on the WebSocket path) get the protocol's JSON error body like every other error.
-async fn protocol_error_body(resp: axum::response::Response) -> axum::response::Response {
-    use herald_shared::error::ErrorCode;
-    let status = resp.status();
-    let is_json = resp
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return resp;
-    }
-    let (code, message) = match status.as_u16() {
-        401 => (ErrorCode::Unauthorized, "unauthorized"),
-        403 => (ErrorCode::Forbidden, "forbidden"),
-        404 => (ErrorCode::NotFound, "no such resource"),
-        409 => (ErrorCode::Conflict, "conflict"),
-        413 => (ErrorCode::TooLarge, "request body too large"),
-        429 => (ErrorCode::RateLimited, "too many requests; retry later"),
-        503 => (ErrorCode::Unavailable, "unavailable; retry"),
-        500..=599 => (ErrorCode::Internal, "internal error"),
-        _ => (ErrorCode::BadRequest, status.canonical_reason().unwrap_or("bad request")),
-    };
-    let mut out = herald_shared::ops::error_response(code, message);
-    if let Some(retry) = resp.headers().get(axum::http::header::RETRY_AFTER) {
-        out.headers_mut().insert(axum::http::header::RETRY_AFTER, retry.clone());
-    }
-    out
-}
-
-async fn register(Caller(c): Caller) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "tenant": c.tid, "user": c.sub, "device": c.dev, "platform": c.plat }))
-}
-
 /// Runs the gateway until `shutdown` completes.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), GatewayError> {
     let metrics = herald_shared::telemetry::init_metrics();
+    let cfg = Arc::new(cfg);
     let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size)?;
     let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
     let policy = herald_shared::redis::eviction_policy(redis.next()).await?;
@@ -162,9 +74,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let waiters = Arc::new(SendWaiters::default());
     let subscriber = notices::subscribe(&cfg.redis_url, keys.node_channel(&cfg.node_id)).await?;
-    let epoch = recovery::current_epoch(&redis, &keys.epoch()).await?;
-    // Sized for a flush period's reports of many sessions; a full queue only delays W.
-    let (marks, marks_rx) = tokio::sync::mpsc::channel(65_536);
+    let epoch = EpochWatch::new(epoch::current_epoch(&redis, &keys.epoch()).await?);
 
     let (listen, admin_listen) = (cfg.listen, cfg.admin_listen);
     let listener =
@@ -178,84 +88,114 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         |l: &tokio::net::TcpListener, addr| l.local_addr().map_err(|source| GatewayError::Bind { addr, source });
     tracing::info!(node = %cfg.node_id, listen = %bound(&listener, listen)?, admin = %bound(&admin, admin_listen)?, "gateway started");
 
-    let cancel = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    let sessions = Arc::new(SessionRegistry::default());
-    let drain_ms = cfg.gateway.drain_ms;
-    let cfg_gateway = cfg.gateway.clone();
-    let state = AppState(Arc::new(GatewayState {
-        cfg,
-        db,
-        redis,
-        keys,
+    let process = Process::new();
+    let directory = Arc::new(SessionRegistry::default());
+    let (marks, flusher) = watermarks::channel(db.clone());
+    let history = History { db: db.clone(), redis: redis.clone(), keys: keys.clone() };
+    let g = &cfg.gateway;
+    let ingress = Ingress {
+        redis: redis.clone(),
+        keys: keys.clone(),
         waiters: waiters.clone(),
-        known_devices: Mutex::new(HashSet::new()),
-        sessions: sessions.clone(),
-        tracker: tasks.clone(),
-        shutdown: CancellationToken::new(),
-        epoch: std::sync::RwLock::new(epoch),
-        epoch_generation: std::sync::atomic::AtomicU64::new(0),
+        node_id: cfg.node_id.clone(),
+        shards: cfg.ingress.shards,
+        send_timeout: Duration::from_millis(g.send_timeout_ms),
+        max_body_bytes: g.max_body_bytes,
+    };
+    let limits = Arc::new(limits::NodeLimits::new(g));
+    let drain = process.cancel().child_token();
+    let sessions = SessionEnv {
+        cfg: cfg.clone(),
+        redis: redis.clone(),
+        keys: keys.clone(),
+        history: history.clone(),
+        ingress: ingress.clone(),
+        recovery: Recovery {
+            db: db.clone(),
+            redis: redis.clone(),
+            keys: keys.clone(),
+            pending_cap: cfg.worker.pending_cap,
+            watermark_margin_ms: g.watermark_margin_ms,
+        },
         marks,
-        limits: limits::NodeLimits::new(&cfg_gateway),
+        epoch: epoch.clone(),
+        directory: directory.clone(),
+        limits: limits.clone(),
+        drain: drain.clone(),
+    };
+    let state = AppState(Arc::new(Gateway {
+        cfg: cfg.clone(),
+        db: db.clone(),
+        history,
+        ingress,
+        devices: devices::DeviceRegistry::new(db.clone()),
+        limits: limits.clone(),
+        sessions,
+        session_tasks: TaskTracker::new(),
     }));
-    tasks.spawn(recovery::flush_watermarks(state.clone(), marks_rx, cancel.child_token()));
-    let ready = Readiness::default();
-    let listener_cancel = CancellationToken::new();
-    tasks.spawn(notices::listen(subscriber, waiters, sessions, cancel.child_token()));
-    tasks.spawn(health_loop(state.clone(), ready.clone(), cancel.child_token()));
-    let admin_app = herald_shared::ops::router(metrics, ready.clone());
-    let c = cancel.child_token();
-    tasks.spawn(async move {
-        if let Err(e) = axum::serve(admin, admin_app).with_graceful_shutdown(async move { c.cancelled().await }).await {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    });
-    let app = router(state.clone());
-    let header_timeout = Duration::from_millis(state.cfg.gateway.handshake_timeout_ms);
-    tasks.spawn(listener::serve(listener, app, header_timeout, listener_cancel.clone()));
-    tasks.close();
+
+    process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
+    let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone() };
+    process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
+    let health = Health { redis: redis.clone(), db, keys, epoch, limits, ready: process.readiness().clone() };
+    process.spawn_supervised("health", Criticality::Critical, move |c| health.clone().run(c));
+    process.serve_admin(admin, herald_shared::ops::router(metrics, process.readiness().clone()));
+    let listener_cancel = process.cancel().child_token();
+    let header_timeout = Duration::from_millis(g.handshake_timeout_ms);
+    process.spawn(listener::serve(listener, api::router(state.clone()), header_timeout, listener_cancel.clone()));
 
     shutdown.await;
     // Drain: fail readiness, stop accepting, tell every session when to come back,
     // wait for them (bounded), then stop the rest.
-    tracing::info!(sessions = state.sessions.len(), "gateway draining");
-    ready.set(false);
+    tracing::info!(sessions = directory.len(), "gateway draining");
+    process.readiness().set_draining();
     listener_cancel.cancel();
-    state.shutdown.cancel();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(drain_ms + 5_000);
-    while !state.sessions.is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    drain.cancel();
+    state.session_tasks.close();
+    let bound = Duration::from_millis(cfg.gateway.drain_ms + 5_000);
+    if tokio::time::timeout(bound, state.session_tasks.wait()).await.is_err() {
+        tracing::warn!(sessions = directory.len(), "sessions did not end within the drain period");
     }
-    cancel.cancel();
-    if tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await.is_err() {
+    if !process.stop(Duration::from_secs(10)).await {
         tracing::warn!("tasks did not stop within 10 s");
     }
+    let _ = subscriber.quit().await;
     Ok(())
 }
 
-async fn health_loop(state: AppState, ready: Readiness, cancel: CancellationToken) {
-    let mut rounds: u64 = 0;
-    loop {
-        if rounds.is_multiple_of(60) {
-            // Someone may reconfigure Redis after we started: keep checking.
-            if let Ok(policy) = herald_shared::redis::eviction_policy(state.redis.next()).await {
-                metrics::gauge!("herald_redis_noeviction").set(if policy == "noeviction" { 1.0 } else { 0.0 });
+/// Keeps `/readyz`, the epoch and the eviction-policy gauge current.
+#[derive(Clone, Debug)]
+struct Health {
+    redis: Pool,
+    db: sqlx::MySqlPool,
+    keys: Keys,
+    epoch: EpochWatch,
+    limits: Arc<limits::NodeLimits>,
+    ready: Readiness,
+}
+
+impl Health {
+    async fn run(self, cancel: CancellationToken) {
+        let mut rounds: u64 = 0;
+        loop {
+            if rounds.is_multiple_of(60) {
+                // Someone may reconfigure Redis after we started: keep checking.
+                if let Ok(policy) = herald_shared::redis::eviction_policy(self.redis.next()).await {
+                    metrics::gauge!("herald_redis_noeviction").set(if policy == "noeviction" { 1.0 } else { 0.0 });
+                }
             }
-        }
-        rounds += 1;
-        let db_ok = herald_shared::db::migrations_applied(&state.db).await;
-        let epoch = recovery::current_epoch(&state.redis, &state.keys.epoch()).await;
-        if let Ok(epoch) = &epoch {
-            if *epoch != state.epoch() {
-                *state.epoch.write().expect("epoch") = epoch.clone();
-                state.epoch_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            rounds += 1;
+            let db_ok = herald_shared::db::migrations_applied(&self.db).await;
+            let epoch = epoch::current_epoch(&self.redis, &self.keys.epoch()).await;
+            if let Ok(epoch) = &epoch {
+                self.epoch.update(epoch);
             }
-        }
-        ready.set(db_ok && epoch.is_ok());
-        state.limits.retain_recent();
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            self.ready.set_dependencies(db_ok && epoch.is_ok());
+            self.limits.retain_recent();
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
         }
     }
 }

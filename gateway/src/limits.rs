@@ -12,7 +12,7 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
 use herald_shared::config::GatewayConfig;
 
-use crate::sessions::DeviceKey;
+use herald_shared::keys::DeviceKey;
 
 fn nz(v: u32) -> NonZeroU32 {
     NonZeroU32::new(v.max(1)).expect("positive")

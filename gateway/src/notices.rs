@@ -1,53 +1,16 @@
-//! The node channel: what workers tell this gateway (send answers now; deliveries
-//! with the WebSocket sessions).
+//! The node channel: what workers tell this gateway (answers to sends and read
+//! receipts, deliveries, read positions, kicks of sessions replaced elsewhere).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
-use herald_shared::protocol::{NodeEnvelope, SendOutcome};
-use tokio::sync::oneshot;
+use herald_shared::keys::DeviceKey;
+use herald_shared::protocol::NodeEnvelope;
 use tokio_util::sync::CancellationToken;
 
 use crate::sessions::{Push, SessionRegistry};
-
-/// Send requests waiting for their worker's answer, by request id.
-#[derive(Debug, Default)]
-pub struct SendWaiters {
-    next: AtomicU64,
-    waiting: Mutex<HashMap<u64, oneshot::Sender<SendOutcome>>>,
-}
-
-/// Removes the waiter when the request ends, answered or not (timeouts, client gone).
-#[derive(Debug)]
-pub struct Waiter {
-    pub rid: u64,
-    pub rx: oneshot::Receiver<SendOutcome>,
-    owner: std::sync::Arc<SendWaiters>,
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        self.owner.waiting.lock().expect("waiters").remove(&self.rid);
-    }
-}
-
-impl SendWaiters {
-    pub fn register(self: &std::sync::Arc<Self>) -> Waiter {
-        let rid = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.waiting.lock().expect("waiters").insert(rid, tx);
-        Waiter { rid, rx, owner: self.clone() }
-    }
-
-    fn resolve(&self, rid: u64, outcome: SendOutcome) {
-        if let Some(tx) = self.waiting.lock().expect("waiters").remove(&rid) {
-            let _ = tx.send(outcome);
-        }
-    }
-}
+use crate::waiters::SendWaiters;
 
 /// Subscribes to this node's channel and dispatches what arrives. The subscription is
 /// made before the gateway accepts requests, so no answer can precede it.
@@ -63,10 +26,30 @@ pub async fn subscribe(redis_url: &str, channel: String) -> Result<SubscriberCli
     Ok(client)
 }
 
-pub async fn listen(
+/// The listener of this node's channel: answers go to their waiters, deliveries,
+/// read positions and kicks to the sessions here.
+#[derive(Clone, Debug)]
+pub struct NodeChannel {
+    pub client: SubscriberClient,
+    pub waiters: Arc<SendWaiters>,
+    pub sessions: Arc<SessionRegistry>,
+}
+
+impl NodeChannel {
+    /// Runs until `cancel`; restarted by its supervisor if it fails. The subscription
+    /// outlives a restart (fred keeps it), so nothing is missed but what arrived while
+    /// it was down, and sessions read their pending sets again for that.
+    pub async fn run(self, cancel: CancellationToken) {
+        let NodeChannel { client, waiters, sessions } = self;
+        sessions.reread_all();
+        listen(client, waiters, sessions, cancel).await
+    }
+}
+
+async fn listen(
     client: SubscriberClient,
-    waiters: std::sync::Arc<SendWaiters>,
-    sessions: std::sync::Arc<SessionRegistry>,
+    waiters: Arc<SendWaiters>,
+    sessions: Arc<SessionRegistry>,
     cancel: CancellationToken,
 ) {
     let mut rx = client.message_rx();
@@ -127,8 +110,7 @@ pub async fn listen(
             }
         }
         for k in env.kick {
-            sessions.kick(&herald_shared::keys::DeviceKey::new(k.tenant, k.user, k.device), &k.session);
+            sessions.kick(&DeviceKey::new(k.tenant, k.user, k.device), &k.session);
         }
     }
-    let _ = client.quit().await;
 }

@@ -1,11 +1,12 @@
-//! The sessions held by this gateway node, one per device, and what reaches them from
-//! the node channel.
+//! The directory of sessions held by this gateway node, one per device, and the way
+//! pushes, read positions and kicks from the node channel reach them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use herald_shared::ids::MsgId;
+use herald_shared::protocol::ReadPosition;
 use tokio::sync::mpsc;
 
 pub use herald_shared::keys::DeviceKey;
@@ -21,12 +22,10 @@ pub struct Push {
 /// Control messages to a session.
 #[derive(Debug)]
 pub enum Control {
-    /// A text frame to write (answers to `send` and `sync`).
-    Frame(String),
     /// A newer session of the same device exists (close 4002).
     Replaced,
     /// A read position to show; kept in Redis until a pong confirms it.
-    Read { conv: String, user: String, seq: u64 },
+    Read(ReadPosition),
 }
 
 #[derive(Debug)]
@@ -49,7 +48,6 @@ pub struct SessionRegistry {
 pub struct Registration {
     pub pushes: mpsc::Receiver<Push>,
     pub control: mpsc::Receiver<Control>,
-    pub control_tx: mpsc::Sender<Control>,
     pub lagged: Arc<AtomicBool>,
 }
 
@@ -57,15 +55,15 @@ impl SessionRegistry {
     /// Registers a session; an older local session of the device is told it is replaced.
     pub fn register(&self, key: DeviceKey, session: String, queue: usize) -> Registration {
         let (push_tx, pushes) = mpsc::channel(queue);
-        // Answers to the session's own requests: bounded by what it may have in flight.
+        // Kicks and read positions; a full queue loses nothing (positions wait in Redis).
         let (control_tx, control) = mpsc::channel(1_024);
         let lagged = Arc::new(AtomicBool::new(false));
-        let entry = Entry { session, pushes: push_tx, control: control_tx.clone(), lagged: lagged.clone() };
+        let entry = Entry { session, pushes: push_tx, control: control_tx, lagged: lagged.clone() };
         if let Some(old) = self.sessions.lock().expect("sessions").insert(key, entry) {
             let _ = old.control.try_send(Control::Replaced);
         }
         metrics::gauge!("herald_gateway_sessions").increment(1.0);
-        Registration { pushes, control, control_tx, lagged }
+        Registration { pushes, control, lagged }
     }
 
     /// Removes the session if it is still the registered one for its device.
@@ -107,7 +105,8 @@ impl SessionRegistry {
     pub fn push_read(&self, key: &DeviceKey, conv: &str, user: &str, seq: u64) {
         let map = self.sessions.lock().expect("sessions");
         if let Some(e) = map.get(key) {
-            let _ = e.control.try_send(Control::Read { conv: conv.to_owned(), user: user.to_owned(), seq });
+            let position = ReadPosition { conv: conv.to_owned(), user: user.to_owned(), seq };
+            let _ = e.control.try_send(Control::Read(position));
         }
     }
 

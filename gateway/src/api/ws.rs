@@ -13,10 +13,10 @@ use herald_shared::auth::verify;
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{CloseCode, ErrorFrame, ServerFrame};
 
-use crate::auth::{register_device, token_of};
+use crate::api::auth::token_of;
 use crate::limits::ConnectionRefused;
 use crate::session::Session;
-use crate::AppState;
+use crate::state::AppState;
 
 /// The raw request parts, for reading the token ourselves.
 pub struct RawParts(Parts);
@@ -43,7 +43,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     let claims = token_of(&parts)
         .ok_or("missing token".to_string())
         .and_then(|t| verify(&t, state.cfg.jwt_secret.0.as_bytes()).map_err(|e| e.to_string()));
-    let tracker = state.tracker.clone();
+    let tracker = state.session_tasks.clone();
     if let Err(wait) = crate::limits::take(&state.limits.admission, 1) {
         // A login storm: refuse politely, with a jittered hint, so retries spread out.
         metrics::counter!("herald_rate_limited_total", "what" => "connect").increment(1);
@@ -81,7 +81,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
                     });
                 }
             };
-            if let Err(e) = register_device(&state, &claims).await {
+            if let Err(e) = state.devices.register(&claims).await {
                 return ws.on_upgrade(move |socket| {
                     tracker.track_future(close_now(socket, CloseCode::InternalError, e.message))
                 });
@@ -90,7 +90,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
                 tracker.track_future(async move {
                     // The slot is held for the whole session and given back when it ends.
                     let _permit = permit;
-                    Session::run(state, claims, socket).await
+                    Session::run(state.sessions.clone(), claims, socket).await
                 })
             })
         }

@@ -1,0 +1,34 @@
+//! Authentication of every public request: the token, then device registration.
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+use herald_shared::auth::{verify, Claims};
+use herald_shared::error::ErrorCode;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The authenticated device making the request.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Claims);
+
+/// The token from `Authorization: Bearer` or `?access_token=` (browsers' WebSockets).
+pub fn token_of(parts: &Parts) -> Option<String> {
+    if let Some(v) = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        return v.strip_prefix("Bearer ").map(str::to_owned);
+    }
+    parts.uri.query()?.split('&').find_map(|kv| kv.strip_prefix("access_token=").map(str::to_owned))
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = token_of(parts).ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "missing bearer token"))?;
+        let claims = verify(&token, state.cfg.jwt_secret.0.as_bytes())
+            .map_err(|e| ApiError::new(ErrorCode::Unauthorized, e.to_string()))?;
+        state.devices.register(&claims).await?;
+        Ok(Caller(claims))
+    }
+}

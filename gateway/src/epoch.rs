@@ -1,0 +1,114 @@
+//! The Redis epoch: which life of the Redis data this node believes in.
+//!
+//! `epoch` names the current life of the Redis data: when the key is missing, Redis
+//! lost its data, and the first process to notice sets a new one. A device's pending
+//! set is trusted only when its marker names the current epoch (otherwise it is
+//! rebuilt from MySQL). The node's health loop reads the epoch every half second; a
+//! session compares a counter every tick and reads the string only when it changed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use fred::prelude::*;
+
+/// Reads the epoch, starting a new one when Redis has none (it lost its data).
+pub async fn current_epoch(redis: &Pool, key: &str) -> Result<String, Error> {
+    let fresh = format!("{:016x}", rand::random::<u64>());
+    let set: Option<String> = redis.set(key, fresh.as_str(), None, Some(SetOptions::NX), false).await?;
+    if set.is_some() {
+        tracing::warn!(epoch = %fresh, "no Redis epoch: Redis lost its data or is new; pending sets will be rebuilt from MySQL");
+        metrics::counter!("herald_redis_epochs_total").increment(1);
+    }
+    let epoch: Option<String> = redis.get(key).await?;
+    Ok(epoch.unwrap_or(fresh))
+}
+
+/// The node's view of the epoch, shared by its sessions.
+#[derive(Clone, Debug)]
+pub struct EpochWatch(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    epoch: RwLock<String>,
+    /// Bumped whenever `epoch` changes.
+    generation: AtomicU64,
+}
+
+impl EpochWatch {
+    pub fn new(epoch: String) -> EpochWatch {
+        EpochWatch(Arc::new(Inner { epoch: RwLock::new(epoch), generation: AtomicU64::new(0) }))
+    }
+
+    /// The generation first: a change after this read is noticed at the next check.
+    pub fn snapshot(&self) -> (u64, String) {
+        let generation = self.0.generation.load(Ordering::Acquire);
+        (generation, self.0.epoch.read().expect("epoch").clone())
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.0.generation.load(Ordering::Acquire)
+    }
+
+    /// Records what Redis says now.
+    pub fn update(&self, epoch: &str) {
+        let mut current = self.0.epoch.write().expect("epoch");
+        if *current != epoch {
+            *current = epoch.to_owned();
+            self.0.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A session's view: the epoch its pending set was checked against.
+#[derive(Clone, Debug, Default)]
+pub struct EpochSeen {
+    pub epoch: String,
+    generation: u64,
+}
+
+impl EpochSeen {
+    pub fn new(watch: &EpochWatch) -> EpochSeen {
+        let (generation, epoch) = watch.snapshot();
+        EpochSeen { epoch, generation }
+    }
+
+    /// The node's epoch when it differs from the one seen; a counter compare otherwise.
+    pub fn changed(&mut self, watch: &EpochWatch) -> Option<(u64, String)> {
+        if watch.generation() == self.generation {
+            return None;
+        }
+        let (generation, epoch) = watch.snapshot();
+        if epoch == self.epoch {
+            self.generation = generation;
+            return None;
+        }
+        Some((generation, epoch))
+    }
+
+    /// The session's pending set is now complete for this epoch.
+    pub fn accept(&mut self, generation: u64, epoch: String) {
+        self.generation = generation;
+        self.epoch = epoch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_sees_a_new_epoch_once_and_only_when_it_differs() {
+        let watch = EpochWatch::new("a".into());
+        let mut seen = EpochSeen::new(&watch);
+        assert_eq!(seen.changed(&watch), None);
+        watch.update("a");
+        assert_eq!(seen.changed(&watch), None, "same epoch: no generation bump");
+        watch.update("b");
+        let (generation, epoch) = seen.changed(&watch).expect("a new epoch");
+        assert_eq!(epoch, "b");
+        assert!(seen.changed(&watch).is_some(), "still changed until accepted (a rebuild may fail)");
+        seen.accept(generation, epoch);
+        assert_eq!(seen.changed(&watch), None);
+        assert_eq!(seen.epoch, "b");
+    }
+}

@@ -1,0 +1,122 @@
+//! The way into the workers: a send or a read receipt is appended to its
+//! conversation's ingress stream, and its answer awaited on this node's channel. The
+//! worker answers only after COMMIT; without an answer in time the caller hears
+//! `unavailable` and resends with the same `cmid` (it gets the first commit back with
+//! `dup: true`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use herald_shared::auth::{is_valid_ident, Claims};
+use herald_shared::error::ErrorCode;
+use herald_shared::keys::{shard_of, Keys};
+use herald_shared::protocol::{IngressEntry, ReadEntry, SendOutcome, SendResult, MAX_CMID_LEN};
+use serde_json::value::RawValue;
+
+use crate::error::{ApiError, ApiResult};
+use crate::waiters::{SendWaiters, Waiter};
+
+/// Appends requests to the ingress streams and waits for their answers.
+#[derive(Clone, Debug)]
+pub struct Ingress {
+    pub redis: Pool,
+    pub keys: Keys,
+    pub waiters: Arc<SendWaiters>,
+    /// This node: where answers come back.
+    pub node_id: String,
+    pub shards: u32,
+    pub send_timeout: Duration,
+    pub max_body_bytes: usize,
+}
+
+/// Checks a send's fields against the protocol's limits.
+pub fn check_send(cmid: &str, conv: &str, body: &RawValue, max_body_bytes: usize) -> ApiResult<()> {
+    if cmid.is_empty() || cmid.chars().count() > MAX_CMID_LEN {
+        return Err(ApiError::bad_request(format!("cmid must be 1..{MAX_CMID_LEN} characters")));
+    }
+    if !is_valid_ident(conv) {
+        return Err(ApiError::bad_request("conv must be 1..64 printable ASCII characters"));
+    }
+    if body.get().len() > max_body_bytes {
+        return Err(ApiError::new(
+            ErrorCode::TooLarge,
+            format!("body is {} bytes serialized; the limit is {max_body_bytes}", body.get().len()),
+        ));
+    }
+    Ok(())
+}
+
+impl Ingress {
+    /// Checks a send (HTTP and WebSocket alike).
+    pub fn validate_send(&self, cmid: &str, conv: &str, body: &RawValue) -> ApiResult<()> {
+        check_send(cmid, conv, body, self.max_body_bytes)
+    }
+
+    /// Appends the send to its ingress stream. Sends of one session are enqueued in the
+    /// order they arrived, which is the order their `seq` follows.
+    pub async fn enqueue_send(&self, c: &Claims, cmid: String, conv: String, body: String) -> ApiResult<Waiter> {
+        let waiter = self.waiters.register();
+        let shard = shard_of(&c.tid, &conv, self.shards);
+        let entry = IngressEntry {
+            tenant: c.tid.clone(),
+            user: c.sub.clone(),
+            device: c.dev.clone(),
+            cmid,
+            conv,
+            body,
+            node: self.node_id.clone(),
+            rid: waiter.rid,
+        };
+        // No MAXLEN: an entry leaves the stream only when a worker has committed it (XDEL
+        // after XACK), so a long worker outage cannot trim away accepted sends.
+        let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+        Ok(waiter)
+    }
+
+    /// Appends a read receipt to the conversation's ingress stream (after its sends).
+    pub async fn enqueue_read(&self, c: &Claims, conv: String, seq: u64) -> ApiResult<Waiter> {
+        if !is_valid_ident(&conv) {
+            return Err(ApiError::bad_request("conv must be 1..64 printable ASCII characters"));
+        }
+        let waiter = self.waiters.register();
+        let shard = shard_of(&c.tid, &conv, self.shards);
+        let entry = ReadEntry {
+            tenant: c.tid.clone(),
+            user: c.sub.clone(),
+            device: c.dev.clone(),
+            conv,
+            seq,
+            node: self.node_id.clone(),
+            rid: waiter.rid,
+        };
+        let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+        Ok(waiter)
+    }
+
+    /// Appends and waits for the committed answer.
+    pub async fn send(&self, c: &Claims, cmid: String, conv: String, body: String) -> ApiResult<SendResult> {
+        let waiter = self.enqueue_send(c, cmid, conv, body).await?;
+        self.committed(waiter).await
+    }
+
+    /// Waits for the worker's answer to a send, which comes only after COMMIT.
+    pub async fn committed(&self, waiter: Waiter) -> ApiResult<SendResult> {
+        match self.outcome(waiter).await? {
+            SendOutcome::Ok(r) => Ok(r),
+            _ => Err(ApiError::new(ErrorCode::Internal, "unexpected answer")),
+        }
+    }
+
+    /// Waits for the worker's answer to any ingress request.
+    pub async fn outcome(&self, mut waiter: Waiter) -> ApiResult<SendOutcome> {
+        match tokio::time::timeout(self.send_timeout, &mut waiter.rx).await {
+            Ok(Ok(SendOutcome::Err { code, message })) => Err(ApiError::new(code, message)),
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(_)) | Err(_) => {
+                metrics::counter!("herald_send_timeouts_total").increment(1);
+                Err(ApiError::new(ErrorCode::Unavailable, "not confirmed in time; retry (sends with the same cmid)"))
+            }
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Delivery within a session: realtime pushes, backlog pages, and acks, which are the
+//! only way an id leaves the pending set.
+
+use std::ops::ControlFlow;
+
+use axum::extract::ws::Message;
+use fred::interfaces::SortedSetsInterface;
+use futures::{Sink, Stream};
+use herald_shared::error::ErrorCode;
+use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::protocol::{CaughtUp, CloseCode, ErrorFrame};
+use herald_shared::scripts;
+use tokio::time::Instant;
+
+use super::backlog::PageRequest;
+use super::{End, Flow, Session, SessionError};
+use crate::sessions::Push;
+
+impl<S, E> Session<S>
+where
+    S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
+{
+    /// A realtime push from the node channel.
+    pub(super) async fn on_push(&mut self, push: Push) -> Flow {
+        if !self.inflight.insert(push.id, Instant::now()) {
+            return ControlFlow::Continue(());
+        }
+        if !self.write(push.frame).await {
+            return ControlFlow::Break(End::Gone);
+        }
+        metrics::counter!("herald_deliveries_total", "kind" => "realtime").increment(1);
+        ControlFlow::Continue(())
+    }
+
+    /// Reads and pushes the next backlog page when one is due and the buckets allow.
+    pub(super) async fn read_backlog(&mut self) -> Flow {
+        let now = Instant::now();
+        let Some(request) = self.backlog.next_request(now, self.inflight.room()) else {
+            return ControlFlow::Continue(());
+        };
+        // Pace: the device's bucket, then the node's (a login storm must not starve it).
+        let wait = crate::limits::take(&self.backlog_bucket, request.want)
+            .err()
+            .or_else(|| crate::limits::take(&self.env.limits.backlog, request.want).err());
+        if let Some(wait) = wait {
+            metrics::counter!("herald_backlog_throttled_total").increment(1);
+            self.backlog.pace_until(now + wait);
+            return ControlFlow::Continue(());
+        }
+        match self.read_page(request).await {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "backlog read failed");
+                ControlFlow::Break(End::Close(CloseCode::InternalError, "dependency unavailable"))
+            }
+        }
+    }
+
+    async fn read_page(&mut self, request: PageRequest) -> Result<(), SessionError> {
+        let (cursor, score) = match request.after {
+            None => (String::new(), String::new()),
+            Some(id) => (id.member(), id.score().to_string()),
+        };
+        let members: Vec<String> = scripts::PENDING_PAGE
+            .call(self.env.redis.next(), vec![self.pending_key.clone()], vec![cursor, score, request.want.to_string()])
+            .await?;
+        let ids: Vec<MsgId> = members.iter().filter_map(|m| MsgId::from_member(m)).collect();
+        self.backlog.read(&ids);
+        if ids.is_empty() {
+            if self.backlog.is_finishing() {
+                self.flush_acks().await?;
+                self.finish_backlog().await;
+            }
+            return Ok(());
+        }
+        // Ids pushed in realtime and still unacked are awaited as they are.
+        let fresh: Vec<MsgId> = ids.into_iter().filter(|id| !self.inflight.contains(*id)).collect();
+        // Nothing is removed on a failed read: the session ends and the page is read again.
+        let frames = self.env.history.frames(&fresh).await?;
+        let now = Instant::now();
+        for id in fresh {
+            match frames.get(&id) {
+                Some(frame) => {
+                    self.inflight.insert(id, now);
+                    self.backlog.pushed(id);
+                    self.write(frame.clone().into()).await;
+                    metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
+                }
+                None => {
+                    // Not in Redis nor MySQL (a message that was never committed cannot
+                    // be pending); drop the stale entry.
+                    let _: Result<i64, _> = self.env.redis.next().zrem(&self.pending_key, id.member()).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Acks are applied to the session at once and to the pending set in batches: one
+    /// ZREM per `ACK_LINGER` (or per `ACK_BATCH` ids) instead of one per ack frame.
+    pub(super) async fn on_ack(&mut self, ids: Vec<MsgId>) -> Flow {
+        if ids.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        let now_ms = now_ms();
+        for id in &ids {
+            let kind = if self.backlog.is_outstanding(*id) { "backlog" } else { "realtime" };
+            if self.inflight.ack(*id) {
+                // Commit (the id's own timestamp) to device ack.
+                let secs = now_ms.saturating_sub(id.unix_ms()) as f64 / 1000.0;
+                metrics::histogram!("herald_delivery_seconds", "kind" => kind).record(secs);
+            }
+            self.backlog.acked(*id);
+        }
+        metrics::counter!("herald_acks_total").increment(ids.len() as u64);
+        let full = self.acks.add(ids, Instant::now());
+        let finishing = self.backlog.is_finishing();
+        if finishing || full {
+            if let Err(e) = self.flush_acks().await {
+                return self.ack_not_recorded(e).await;
+            }
+        }
+        if finishing {
+            // `caught_up` promises the backlog is acked: only after the ZREM landed.
+            self.finish_backlog().await;
+        }
+        ControlFlow::Continue(())
+    }
+
+    pub(super) async fn on_ack_due(&mut self) -> Flow {
+        match self.flush_acks().await {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => self.ack_not_recorded(e).await,
+        }
+    }
+
+    async fn ack_not_recorded(&mut self, e: fred::error::Error) -> Flow {
+        tracing::warn!(error = %e, "acks could not be recorded");
+        self.send_frame(ErrorFrame::new(ErrorCode::Unavailable, "ack not recorded; ack again")).await;
+        ControlFlow::Continue(())
+    }
+
+    /// Removes the acked ids from the pending set; this is the only way they leave it.
+    pub(super) async fn flush_acks(&mut self) -> Result<(), fred::error::Error> {
+        if self.acks.is_empty() {
+            self.acks.take();
+            return Ok(());
+        }
+        let members: Vec<String> = self.acks.take().into_iter().map(MsgId::member).collect();
+        let _: i64 = self.env.redis.next().zrem(&self.pending_key, members).await?;
+        Ok(())
+    }
+
+    async fn finish_backlog(&mut self) {
+        let delivered = self.backlog.finish();
+        self.send_frame(CaughtUp { delivered }).await;
+    }
+}

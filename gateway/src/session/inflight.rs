@@ -1,0 +1,270 @@
+//! The session's windows and clocks as plain state machines, driven by the session
+//! loop with tokio's clock (so tests run them with paused time):
+//!
+//! - [`Inflight`]: pushes written and not yet acked, at most `inflight_window`.
+//! - [`AckBatch`]: acked ids waiting to be removed from the pending set together.
+//! - [`Heartbeat`]: the ping cadence, the idle limit, and the half-open probe (an
+//!   unacked push older than `ack_timeout_ms` sends a ping; without a pong within
+//!   `ack_probe_ms` the connection is half-open).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use herald_shared::ids::MsgId;
+use tokio::time::Instant;
+
+/// Pushes written to the device and not yet acked, with when they were written.
+#[derive(Debug)]
+pub struct Inflight {
+    sent: HashMap<MsgId, Instant>,
+    window: usize,
+}
+
+impl Inflight {
+    pub fn new(window: usize) -> Inflight {
+        Inflight { sent: HashMap::new(), window }
+    }
+
+    pub fn has_room(&self) -> bool {
+        self.sent.len() < self.window
+    }
+
+    /// How many more pushes the window takes.
+    pub fn room(&self) -> usize {
+        self.window.saturating_sub(self.sent.len())
+    }
+
+    pub fn contains(&self, id: MsgId) -> bool {
+        self.sent.contains_key(&id)
+    }
+
+    /// Records a push; false when the id is already in flight (not written again).
+    pub fn insert(&mut self, id: MsgId, now: Instant) -> bool {
+        if self.sent.contains_key(&id) {
+            return false;
+        }
+        self.sent.insert(id, now);
+        true
+    }
+
+    /// An ack: true when the id was in flight.
+    pub fn ack(&mut self, id: MsgId) -> bool {
+        self.sent.remove(&id).is_some()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sent.is_empty()
+    }
+
+    /// Whether some push has waited longer than `timeout` for its ack.
+    pub fn overdue(&self, now: Instant, timeout: Duration) -> bool {
+        self.sent.values().any(|t| now.duration_since(*t) > timeout)
+    }
+
+    /// The device answered a probe: slow, not dead. Its pushes get their time again.
+    pub fn refresh(&mut self, now: Instant) {
+        for t in self.sent.values_mut() {
+            *t = now;
+        }
+    }
+}
+
+/// How long acks wait to be removed together; a crash in between only repeats pushes.
+pub const ACK_LINGER: Duration = Duration::from_millis(5);
+/// Most ids removed in one call.
+pub const ACK_BATCH: usize = 512;
+
+/// Acked ids not yet removed from the pending set.
+#[derive(Debug, Default)]
+pub struct AckBatch {
+    ids: Vec<MsgId>,
+    due: Option<Instant>,
+}
+
+impl AckBatch {
+    /// Adds acked ids; true when the batch is full and must be flushed now.
+    pub fn add(&mut self, ids: impl IntoIterator<Item = MsgId>, now: Instant) -> bool {
+        self.ids.extend(ids);
+        if self.due.is_none() && !self.ids.is_empty() {
+            self.due = Some(now + ACK_LINGER);
+        }
+        self.ids.len() >= ACK_BATCH
+    }
+
+    /// When the batch must be flushed, if it holds anything.
+    pub fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Everything batched, for one removal.
+    pub fn take(&mut self) -> Vec<MsgId> {
+        self.due = None;
+        std::mem::take(&mut self.ids)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Why the heartbeat gave a connection up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dead {
+    /// Nothing at all from the client within the idle limit.
+    Idle,
+    /// Pushes unacked and the probe ping unanswered.
+    HalfOpen,
+}
+
+/// What a heartbeat tick asks of the session.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Beat {
+    /// Send a WebSocket ping now.
+    pub ping: bool,
+    /// The regular heartbeat: refresh the presence too.
+    pub keepalive: bool,
+    /// This ping probes a device with overdue pushes.
+    pub probe: bool,
+}
+
+/// Liveness of one connection.
+#[derive(Debug)]
+pub struct Heartbeat {
+    interval: Duration,
+    idle_limit: Duration,
+    ack_timeout: Duration,
+    ack_probe: Duration,
+    last_seen: Instant,
+    last_ping: Instant,
+    probe: Option<Instant>,
+}
+
+impl Heartbeat {
+    /// Pings every `interval`; silent for 2.5 intervals is dead.
+    pub fn new(interval: Duration, ack_timeout: Duration, ack_probe: Duration, now: Instant) -> Heartbeat {
+        Heartbeat {
+            interval,
+            idle_limit: interval * 5 / 2,
+            ack_timeout,
+            ack_probe,
+            last_seen: now,
+            last_ping: now,
+            probe: None,
+        }
+    }
+
+    /// Any frame or pong from the client.
+    pub fn seen(&mut self, now: Instant) {
+        self.last_seen = now;
+    }
+
+    /// A pong: if it answers a probe, the device is slow, not dead.
+    pub fn pong(&mut self, now: Instant, inflight: &mut Inflight) {
+        self.seen(now);
+        if self.probe.take().is_some() {
+            inflight.refresh(now);
+        }
+    }
+
+    pub fn tick(&mut self, now: Instant, inflight: &Inflight) -> Result<Beat, Dead> {
+        if now.duration_since(self.last_seen) > self.idle_limit {
+            return Err(Dead::Idle);
+        }
+        let mut beat = Beat::default();
+        match self.probe {
+            Some(sent) if now.duration_since(sent) > self.ack_probe => return Err(Dead::HalfOpen),
+            Some(_) => {}
+            None if inflight.overdue(now, self.ack_timeout) => {
+                self.probe = Some(now);
+                self.last_ping = now;
+                beat.ping = true;
+                beat.probe = true;
+            }
+            None => {}
+        }
+        if now.duration_since(self.last_ping) >= self.interval {
+            self.last_ping = now;
+            beat.ping = true;
+            beat.keepalive = true;
+        }
+        Ok(beat)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_inflight_window_fills_refuses_repeats_and_empties_on_acks() {
+        let mut w = Inflight::new(2);
+        let now = Instant::now();
+        assert!(w.insert(MsgId(1), now) && !w.insert(MsgId(1), now), "an id in flight is not pushed twice");
+        assert!(w.has_room() && w.room() == 1);
+        assert!(w.insert(MsgId(2), now));
+        assert!(!w.has_room());
+        assert!(w.ack(MsgId(1)) && !w.ack(MsgId(1)) && !w.ack(MsgId(7)));
+        assert!(w.has_room() && w.contains(MsgId(2)) && !w.contains(MsgId(1)));
+        tokio::time::advance(ms(1_001)).await;
+        assert!(w.overdue(Instant::now(), ms(1_000)));
+        w.refresh(Instant::now());
+        assert!(!w.overdue(Instant::now(), ms(1_000)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acks_wait_a_moment_to_be_removed_together_unless_the_batch_is_full() {
+        let mut b = AckBatch::default();
+        assert_eq!(b.due(), None);
+        let t0 = Instant::now();
+        assert!(!b.add([MsgId(1), MsgId(2)], t0));
+        assert_eq!(b.due(), Some(t0 + ACK_LINGER));
+        tokio::time::advance(ms(2)).await;
+        assert!(!b.add([MsgId(3)], Instant::now()));
+        assert_eq!(b.due(), Some(t0 + ACK_LINGER), "the first ack sets the deadline");
+        assert_eq!(b.take(), vec![MsgId(1), MsgId(2), MsgId(3)]);
+        assert!(b.is_empty() && b.due().is_none());
+        assert!(b.add((0..ACK_BATCH as u64).map(MsgId), Instant::now()), "a full batch flushes at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_pings_each_interval_and_gives_up_a_silent_connection() {
+        let mut hb = Heartbeat::new(ms(1_000), ms(10_000), ms(5_000), Instant::now());
+        let w = Inflight::new(4);
+        tokio::time::advance(ms(999)).await;
+        assert_eq!(hb.tick(Instant::now(), &w), Ok(Beat::default()));
+        tokio::time::advance(ms(1)).await;
+        assert_eq!(hb.tick(Instant::now(), &w), Ok(Beat { ping: true, keepalive: true, probe: false }));
+        // Silent for 2.5 intervals: dead; any frame restarts the count.
+        tokio::time::advance(ms(1_500)).await;
+        hb.seen(Instant::now());
+        tokio::time::advance(ms(2_500)).await;
+        assert!(hb.tick(Instant::now(), &w).is_ok(), "2.5 intervals exactly is still alive");
+        tokio::time::advance(ms(1)).await;
+        assert_eq!(hb.tick(Instant::now(), &w), Err(Dead::Idle));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_overdue_push_is_probed_a_pong_saves_it_silence_closes_it_as_half_open() {
+        let (timeout, probe) = (ms(10_000), ms(5_000));
+        let mut hb = Heartbeat::new(ms(25_000), timeout, probe, Instant::now());
+        let mut w = Inflight::new(4);
+        w.insert(MsgId(9), Instant::now());
+        tokio::time::advance(ms(10_001)).await;
+        assert_eq!(hb.tick(Instant::now(), &w), Ok(Beat { ping: true, keepalive: false, probe: true }));
+        // A slow device answers: its push gets its time again, no new probe yet.
+        tokio::time::advance(ms(3_000)).await;
+        hb.pong(Instant::now(), &mut w);
+        tokio::time::advance(ms(3_000)).await;
+        assert_eq!(hb.tick(Instant::now(), &w), Ok(Beat::default()));
+        // Overdue again, probed again, and this time no pong: half-open.
+        tokio::time::advance(ms(7_001)).await;
+        assert!(hb.tick(Instant::now(), &w).unwrap().probe);
+        hb.seen(Instant::now()); // frames keep coming, acks do not
+        tokio::time::advance(ms(5_001)).await;
+        assert_eq!(hb.tick(Instant::now(), &w), Err(Dead::HalfOpen));
+    }
+}

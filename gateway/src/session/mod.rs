@@ -1,0 +1,336 @@
+//! One WebSocket session: a single loop over shutdown, control messages, answers to
+//! the device's requests, realtime pushes, socket reads, the heartbeat tick, the
+//! backlog pacing timer and the ack flush timer.
+//!
+//! Delivery rules (docs/architecture.md section 4): realtime pushes go first (biased
+//! select); backlog is read from the device's pending set in pages, each page acked
+//! before the next; at most `inflight_window` pushes are unacked; an ack removes the
+//! ids from the pending set (and nothing else does); an unacked push older than
+//! `ack_timeout_ms` triggers a ping, and without a pong the connection is half-open and
+//! closed (4000). A push dropped because this session's queue was full is re-read from
+//! the pending set.
+//!
+//! # Layout
+//! - [`backlog`]: the pager's state; [`inflight`]: the window, ack batching, heartbeat.
+//! - [`presence`]: where the device is connected, one session per device.
+//! - `delivery`: pushes, backlog pages, acks; `upkeep`: the tick (heartbeat, epoch,
+//!   watermark); `requests`: send, sync and read; `reads`: read positions shown.
+//!
+//! The loop is generic over a `Stream` + `Sink` of WebSocket messages, so a test drives
+//! a session over channels.
+
+mod backlog;
+mod delivery;
+mod inflight;
+mod presence;
+mod reads;
+mod requests;
+mod upkeep;
+
+#[cfg(test)]
+mod tests;
+
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
+use fred::interfaces::{HashesInterface, SortedSetsInterface};
+use fred::prelude::Pool;
+use futures::{Sink, SinkExt, Stream, StreamExt};
+use governor::DefaultDirectRateLimiter;
+use herald_shared::auth::Claims;
+use herald_shared::config::Config;
+use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
+use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, Hello, Reconnect, ServerFrame};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::epoch::{EpochSeen, EpochWatch};
+use crate::history::History;
+use crate::ingress::Ingress;
+use crate::limits::NodeLimits;
+use crate::recovery::{Recovery, RecoveryError};
+use crate::sessions::{Control, Registration, SessionRegistry};
+use crate::watermarks::Marks;
+use backlog::BacklogPager;
+use inflight::{AckBatch, Heartbeat, Inflight};
+use presence::Presence;
+use requests::Strikes;
+
+/// What every session of this node is given.
+#[derive(Clone, Debug)]
+pub struct SessionEnv {
+    pub cfg: Arc<Config>,
+    pub redis: Pool,
+    pub keys: Keys,
+    pub history: History,
+    pub ingress: Ingress,
+    pub recovery: Recovery,
+    pub marks: Marks,
+    pub epoch: EpochWatch,
+    pub directory: Arc<SessionRegistry>,
+    pub limits: Arc<NodeLimits>,
+    /// Cancelled when the node drains: sessions send `reconnect` and close.
+    pub drain: CancellationToken,
+}
+
+/// Why a session could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("pending set rebuild: {0}")]
+    Recovery(#[from] RecoveryError),
+}
+
+/// How a session ends.
+#[derive(Debug)]
+enum End {
+    /// The server closes it, with this code.
+    Close(CloseCode, &'static str),
+    /// The client went away (or its socket failed).
+    Gone,
+}
+
+/// What a handler tells the loop: go on, or end the session.
+type Flow = ControlFlow<End>;
+
+pub struct Session<S> {
+    env: SessionEnv,
+    claims: Claims,
+    device: DeviceKey,
+    id: String,
+    socket: S,
+    pending_key: String,
+    presence: Presence,
+    inflight: Inflight,
+    heartbeat: Heartbeat,
+    acks: AckBatch,
+    backlog: BacklogPager,
+    backlog_bucket: DefaultDirectRateLimiter,
+    send_bucket: DefaultDirectRateLimiter,
+    /// The Redis epoch this session's pending set was checked against.
+    epoch: EpochSeen,
+    last_mark: Instant,
+    strikes: Strikes,
+    /// Read positions written but not yet confirmed by a pong: (field, seq).
+    unconfirmed_reads: Vec<(String, u64)>,
+    /// Sends, syncs and reads waiting for their answers; aborted with the session.
+    requests: JoinSet<Option<ServerFrame>>,
+}
+
+impl<S, E> Session<S>
+where
+    S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
+{
+    /// Serves one device's session until it ends.
+    pub async fn run(env: SessionEnv, claims: Claims, socket: S) {
+        let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
+        let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
+        Session::new(env, claims, id, socket).serve().instrument(span).await
+    }
+
+    fn new(env: SessionEnv, claims: Claims, id: String, socket: S) -> Session<S> {
+        let g = &env.cfg.gateway;
+        let (page_size, backlog_rate) = if claims.plat.is_mobile() {
+            (g.backlog_page_mobile, g.backlog_rate_mobile)
+        } else {
+            (g.backlog_page_desktop, g.backlog_rate_desktop)
+        };
+        let device = DeviceKey::of(&claims);
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        Session {
+            backlog_bucket: crate::limits::bucket(backlog_rate, (page_size as u32).max(backlog_rate / 10)),
+            send_bucket: crate::limits::bucket(g.send_rate, g.send_burst),
+            inflight: Inflight::new(g.inflight_window),
+            heartbeat: Heartbeat::new(ms(g.heartbeat_ms), ms(g.ack_timeout_ms), ms(g.ack_probe_ms), now),
+            backlog: BacklogPager::new(page_size),
+            presence: Presence::new(
+                &env.keys,
+                &device,
+                PresenceValue::new(env.cfg.node_id.as_str(), id.as_str()),
+                g.heartbeat_ms,
+            ),
+            pending_key: env.keys.pending_of(&device),
+            epoch: EpochSeen::new(&env.epoch),
+            acks: AckBatch::default(),
+            last_mark: now,
+            strikes: Strikes::default(),
+            unconfirmed_reads: Vec::new(),
+            requests: JoinSet::new(),
+            env,
+            claims,
+            device,
+            id,
+            socket,
+        }
+    }
+
+    async fn serve(mut self) {
+        let directory = self.env.directory.clone();
+        let reg = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
+        let end = match self.start().await {
+            Ok(()) => self.event_loop(reg).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "session start failed");
+                End::Close(CloseCode::InternalError, "dependency unavailable")
+            }
+        };
+        if let End::Close(code, reason) = end {
+            let close = Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }));
+            let _ = tokio::time::timeout(Duration::from_secs(2), self.socket.send(close)).await;
+        }
+        directory.unregister(&self.device, &self.id);
+        if let Err(e) = self.flush_acks().await {
+            tracing::warn!(error = %e, "final acks could not be recorded; those messages will be pushed again");
+        }
+        self.report_watermark().await;
+        self.presence.clear(self.env.redis.next()).await;
+    }
+
+    /// Presence (replacing a session elsewhere), a complete pending set, `hello`, and
+    /// the read positions waiting for the device.
+    async fn start(&mut self) -> Result<(), SessionError> {
+        let redis = self.env.redis.next().clone();
+        self.presence.claim(&redis, &self.env.keys).await?;
+        // The device registry in Redis (MySQL's devices table stays the truth).
+        let devices = self.env.keys.devices(&self.device.tenant, &self.device.user);
+        let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
+        self.epoch = EpochSeen::new(&self.env.epoch);
+        self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch).await?;
+        let pending: u64 = redis.zcard(&self.pending_key).await?;
+        metrics::histogram!("herald_pending_at_connect").record(pending as f64);
+        let hello = Hello { session: self.id.clone(), hb_ms: self.env.cfg.gateway.heartbeat_ms, pending };
+        self.send_frame(hello).await;
+        self.send_stored_reads().await
+    }
+
+    async fn event_loop(&mut self, reg: Registration) -> End {
+        let Registration { mut pushes, mut control, lagged } = reg;
+        let drain = self.env.drain.clone();
+        let mut tick = tokio::time::interval(Duration::from_millis(self.env.cfg.gateway.heartbeat_ms.min(1_000)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let never = Instant::now() + Duration::from_secs(86_400 * 365);
+        loop {
+            if lagged.swap(false, Ordering::AcqRel) {
+                // Dropped pushes are still pending in Redis: read the set again.
+                self.backlog.restart();
+            }
+            if let ControlFlow::Break(end) = self.read_backlog().await {
+                return end;
+            }
+            let (resume, ack_due) = (self.backlog.resume_at(), self.acks.due());
+            let flow = tokio::select! {
+                biased;
+                _ = drain.cancelled() => ControlFlow::Break(self.drain().await),
+                Some(c) = control.recv() => self.on_control(c).await,
+                Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => self.on_answer(answer).await,
+                Some(push) = pushes.recv(), if self.inflight.has_room() => self.on_push(push).await,
+                msg = self.socket.next() => self.on_socket(msg).await,
+                _ = tick.tick() => self.on_tick().await,
+                _ = tokio::time::sleep_until(resume.unwrap_or(never)), if resume.is_some() => {
+                    self.backlog.resume();
+                    ControlFlow::Continue(())
+                }
+                _ = tokio::time::sleep_until(ack_due.unwrap_or(never)), if ack_due.is_some() => self.on_ack_due().await,
+            };
+            if let ControlFlow::Break(end) = flow {
+                return end;
+            }
+        }
+    }
+
+    async fn on_control(&mut self, c: Control) -> Flow {
+        match c {
+            Control::Replaced => ControlFlow::Break(End::Close(CloseCode::Replaced, "replaced by a newer session")),
+            Control::Read(position) => {
+                self.show_read(position).await;
+                let _ = self.socket.send(Message::Ping(Default::default())).await;
+                ControlFlow::Continue(())
+            }
+        }
+    }
+
+    async fn on_socket(&mut self, msg: Option<Result<Message, E>>) -> Flow {
+        let Some(Ok(msg)) = msg else { return ControlFlow::Break(End::Gone) };
+        let now = Instant::now();
+        self.heartbeat.seen(now);
+        match msg {
+            Message::Text(t) => self.on_frame(t.as_str()).await,
+            Message::Pong(_) => {
+                self.heartbeat.pong(now, &mut self.inflight);
+                self.confirm_reads().await;
+                ControlFlow::Continue(())
+            }
+            Message::Close(_) => ControlFlow::Break(End::Gone),
+            Message::Binary(_) => self.protocol_error(None, "binary frames are not supported").await,
+            Message::Ping(_) => ControlFlow::Continue(()),
+        }
+    }
+
+    async fn on_frame(&mut self, text: &str) -> Flow {
+        let max_frame = self.env.cfg.gateway.max_body_bytes * 2 + 4096;
+        if text.len() > max_frame {
+            let message = format!("frame is {} bytes; the limit is {max_frame}", text.len());
+            self.send_frame(ErrorFrame::new(herald_shared::error::ErrorCode::TooLarge, message)).await;
+            return self.strikes.protocol();
+        }
+        let frame = match ClientFrame::parse(text) {
+            Ok(f) => f,
+            Err(e) => {
+                metrics::counter!("herald_frames_in_total", "type" => "invalid").increment(1);
+                return self.protocol_error(e.reference, &e.message).await;
+            }
+        };
+        metrics::counter!("herald_frames_in_total", "type" => frame.kind()).increment(1);
+        match frame {
+            ClientFrame::Ping(p) => {
+                let ts = p.ts.unwrap_or_else(herald_shared::ids::now_ms);
+                self.send_frame(herald_shared::protocol::Pong { ts }).await;
+                ControlFlow::Continue(())
+            }
+            ClientFrame::Ack(a) => self.on_ack(a.ids).await,
+            ClientFrame::Send(s) => self.on_send(s).await,
+            ClientFrame::Sync(s) => self.on_sync(s),
+            ClientFrame::Read(r) => self.on_read(r).await,
+        }
+    }
+
+    /// Server shutdown: tell the client when to come back (spread over the drain
+    /// period), give it a moment to ack what is in flight, then close with 4003.
+    async fn drain(&mut self) -> End {
+        let drain_ms = self.env.cfg.gateway.drain_ms;
+        let after_ms = rand::random::<u64>() % drain_ms.max(1);
+        self.send_frame(Reconnect { after_ms }).await;
+        let deadline = Instant::now() + Duration::from_millis(drain_ms.min(2_000));
+        while !self.inflight.is_empty() {
+            match tokio::time::timeout_at(deadline, self.socket.next()).await {
+                Ok(Some(Ok(Message::Text(t)))) => {
+                    if let Ok(ClientFrame::Ack(a)) = ClientFrame::parse(t.as_str()) {
+                        let _ = self.on_ack(a.ids).await;
+                    }
+                }
+                Ok(Some(Ok(_))) => {}
+                _ => break,
+            }
+        }
+        End::Close(CloseCode::Draining, "server draining; reconnect")
+    }
+
+    /// Writes a text frame; false when the socket is gone.
+    async fn write(&mut self, text: Utf8Bytes) -> bool {
+        metrics::counter!("herald_frames_out_total").increment(1);
+        self.socket.send(Message::Text(text)).await.is_ok()
+    }
+
+    async fn send_frame(&mut self, frame: impl Into<ServerFrame>) -> bool {
+        self.write(frame.into().to_json().into()).await
+    }
+}

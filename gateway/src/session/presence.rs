@@ -1,0 +1,67 @@
+//! A session's presence: the `node|session` value in the user's presence hash that
+//! tells workers where to push, and makes one session per device (a newer one replaces
+//! the older, here or on another node through a `kick`).
+
+use fred::prelude::*;
+use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
+use herald_shared::protocol::{Kick, NodeEnvelope};
+use herald_shared::scripts;
+
+#[derive(Debug)]
+pub struct Presence {
+    key: String,
+    device: DeviceKey,
+    value: PresenceValue,
+    /// The entry outlives three missed heartbeats, no more.
+    ttl_ms: String,
+}
+
+impl Presence {
+    pub fn new(keys: &Keys, device: &DeviceKey, value: PresenceValue, heartbeat_ms: u64) -> Presence {
+        Presence {
+            key: keys.presence(&device.tenant, &device.user),
+            device: device.clone(),
+            value,
+            ttl_ms: (heartbeat_ms * 3).to_string(),
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        vec![self.device.device.clone(), self.value.to_string(), self.ttl_ms.clone()]
+    }
+
+    /// Takes the device's presence. A session it replaces on another node is told to
+    /// close (4002); one on this node was told when this session registered.
+    pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<(), Error> {
+        let old: Option<String> = scripts::PRESENCE_SET.call(redis, vec![self.key.clone()], self.args()).await?;
+        let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(()) };
+        if old.node == self.value.node {
+            return Ok(());
+        }
+        let kick = NodeEnvelope {
+            kick: vec![Kick {
+                tenant: self.device.tenant.clone(),
+                user: self.device.user.clone(),
+                device: self.device.device.clone(),
+                session: old.session,
+            }],
+            ..Default::default()
+        };
+        let _: () =
+            redis.publish(keys.node_channel(&old.node), serde_json::to_string(&kick).expect("serializes")).await?;
+        Ok(())
+    }
+
+    /// Refreshes the entry's TTL, setting it again if it vanished (Redis lost its data,
+    /// or the key expired while Redis was unreachable); true when it had vanished.
+    pub async fn keep(&self, redis: &Client) -> bool {
+        let set: Result<i64, _> = scripts::PRESENCE_KEEP.call(redis, vec![self.key.clone()], self.args()).await;
+        matches!(set, Ok(1))
+    }
+
+    /// Clears the entry if it is still this session's.
+    pub async fn clear(&self, redis: &Client) {
+        let args = vec![self.device.device.clone(), self.value.to_string()];
+        let _: Result<i64, _> = scripts::PRESENCE_CLEAR.call(redis, vec![self.key.clone()], args).await;
+    }
+}

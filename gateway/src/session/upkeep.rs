@@ -1,0 +1,84 @@
+//! The session's tick: the heartbeat (pings, idle limit, half-open probe), a new Redis
+//! epoch, a presence that vanished, and the device's watermark report.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use axum::extract::ws::Message;
+use futures::{Sink, SinkExt, Stream};
+use herald_shared::protocol::CloseCode;
+use tokio::time::Instant;
+
+use super::inflight::Dead;
+use super::{End, Flow, Session};
+use crate::watermarks::Mark;
+
+impl<S, E> Session<S>
+where
+    S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
+{
+    pub(super) async fn on_tick(&mut self) -> Flow {
+        self.check_epoch().await;
+        if self.last_mark.elapsed() >= Duration::from_millis(self.env.cfg.gateway.watermark_flush_ms) {
+            self.report_watermark().await;
+        }
+        let beat = match self.heartbeat.tick(Instant::now(), &self.inflight) {
+            Ok(beat) => beat,
+            Err(Dead::Idle) => {
+                metrics::counter!("herald_heartbeat_timeouts_total").increment(1);
+                return ControlFlow::Break(End::Close(CloseCode::HeartbeatTimeout, "heartbeat timeout"));
+            }
+            Err(Dead::HalfOpen) => {
+                metrics::counter!("herald_half_open_closes_total").increment(1);
+                return ControlFlow::Break(End::Close(
+                    CloseCode::HeartbeatTimeout,
+                    "unacked pushes and no pong: half-open",
+                ));
+            }
+        };
+        if beat.probe {
+            metrics::counter!("herald_ack_timeouts_total").increment(1);
+        }
+        if beat.ping {
+            let _ = self.socket.send(Message::Ping(Default::default())).await;
+        }
+        if beat.keepalive && self.presence.keep(self.env.redis.next()).await {
+            // The presence expired (Redis paused) or went with the data of the user's
+            // slot. In a Redis Cluster a master other than the epoch's can lose its
+            // data with the epoch unchanged: the device's marker went too, and this
+            // restores the pending set from MySQL (a no-op while the marker is there).
+            tracing::info!("presence was missing; set again and the pending set read again");
+            if let Err(e) = self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch).await {
+                tracing::warn!(error = %e, "pending set rebuild failed");
+            }
+            // Workers skipped pushes to this device while it had no presence; they
+            // are still in its pending set.
+            self.backlog.restart();
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Redis lost its data: restore the pending set from MySQL, read it again.
+    async fn check_epoch(&mut self) {
+        let Some((generation, epoch)) = self.epoch.changed(&self.env.epoch) else { return };
+        match self.env.recovery.ensure_pending(&self.device, &epoch).await {
+            Ok(_) => {
+                self.epoch.accept(generation, epoch);
+                // The presence went with the data: restore it now, not at the next
+                // heartbeat (the backlog is read again just below anyway).
+                self.presence.keep(self.env.redis.next()).await;
+                self.backlog.restart();
+            }
+            Err(e) => tracing::warn!(error = %e, "pending set rebuild failed; retrying"),
+        }
+    }
+
+    /// Reports W for the MySQL flush (only while the pending set is trusted).
+    pub(super) async fn report_watermark(&mut self) {
+        self.last_mark = Instant::now();
+        if let Ok(Some(watermark)) = self.env.recovery.watermark(&self.device, &self.epoch.epoch).await {
+            let platform = self.claims.plat.as_str();
+            self.env.marks.report(Mark { device: self.device.clone(), platform, watermark });
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Device watermarks on their way to MySQL: sessions report them, one flusher writes
+//! them in batches (a watermark only moves forward).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::keys::DeviceKey;
+use sqlx::mysql::MySqlPool;
+use sqlx::{MySql, QueryBuilder};
+use tokio::sync::{mpsc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// One device's watermark report.
+#[derive(Debug)]
+pub struct Mark {
+    pub device: DeviceKey,
+    pub platform: &'static str,
+    pub watermark: MsgId,
+}
+
+/// Where sessions report watermarks. A full queue only delays W: the session reports
+/// again at its next flush period.
+#[derive(Clone, Debug)]
+pub struct Marks(mpsc::Sender<Mark>);
+
+impl Marks {
+    pub fn report(&self, mark: Mark) {
+        let _ = self.0.try_send(mark);
+    }
+}
+
+/// Devices per watermark upsert statement.
+const WATERMARK_CHUNK: usize = 1_000;
+
+/// Sized for a flush period's reports of many sessions.
+const QUEUE: usize = 65_536;
+
+/// The flusher: restartable, its queue outlives a restart.
+#[derive(Clone, Debug)]
+pub struct WatermarkFlusher {
+    db: MySqlPool,
+    rx: Arc<Mutex<mpsc::Receiver<Mark>>>,
+}
+
+/// A report queue and the flusher that drains it.
+pub fn channel(db: MySqlPool) -> (Marks, WatermarkFlusher) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    (Marks(tx), WatermarkFlusher { db, rx: Arc::new(Mutex::new(rx)) })
+}
+
+impl WatermarkFlusher {
+    /// Writes what arrives, in batches, until `cancel`; then what is still queued.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut rx = self.rx.lock().await;
+        let mut batch: Vec<Mark> = Vec::new();
+        loop {
+            let closing = tokio::select! {
+                _ = cancel.cancelled() => true,
+                m = rx.recv() => match m { Some(m) => { batch.push(m); false } None => true },
+            };
+            while let Ok(m) = rx.try_recv() {
+                batch.push(m);
+            }
+            if !batch.is_empty() {
+                self.write(&batch).await;
+                batch.clear();
+            }
+            if closing {
+                return;
+            }
+            // Batch what arrives in the next moment.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn write(&self, batch: &[Mark]) {
+        let now = now_ms() as i64;
+        // 7 placeholders a row: stay far below MySQL's 65 535 per statement.
+        for chunk in batch.chunks(WATERMARK_CHUNK) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at) ",
+            );
+            q.push_values(chunk, |mut b, m| {
+                b.push_bind(&m.device.tenant)
+                    .push_bind(&m.device.user)
+                    .push_bind(&m.device.device)
+                    .push_bind(m.platform)
+                    .push_bind(m.watermark.0)
+                    .push_bind(now)
+                    .push_bind(now);
+            });
+            q.push(" ON DUPLICATE KEY UPDATE watermark = GREATEST(watermark, VALUES(watermark)), last_seen_at = VALUES(last_seen_at)");
+            match q.build().execute(&self.db).await {
+                Ok(_) => metrics::counter!("herald_watermark_flushes_total").increment(1),
+                Err(e) => {
+                    tracing::warn!(error = %e, devices = chunk.len(), "watermark flush failed; sessions report again")
+                }
+            }
+        }
+    }
+}
