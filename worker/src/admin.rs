@@ -7,13 +7,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
 use herald_shared::error::ErrorCode;
-use herald_shared::ops::{error_response, require_admin_token, Readiness};
+use herald_shared::ops::{error_response, require_admin_token};
+use herald_shared::process::Readiness;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 
-use crate::Shared;
+use crate::context::WorkerContext;
 
-pub fn router(shared: Arc<Shared>, metrics: PrometheusHandle, ready: Readiness) -> Router {
+pub fn router(shared: Arc<WorkerContext>, metrics: PrometheusHandle, ready: Readiness) -> Router {
     let token = Arc::new(shared.cfg.admin_token.0.clone());
     let admin = Router::new()
         .route("/admin/outbox", get(list))
@@ -38,7 +39,7 @@ fn db_error(e: sqlx::Error) -> Response {
     error_response(ErrorCode::Unavailable, "database unavailable")
 }
 
-async fn list(State(s): State<Arc<Shared>>, Query(q): Query<ListQuery>) -> Response {
+async fn list(State(s): State<Arc<WorkerContext>>, Query(q): Query<ListQuery>) -> Response {
     let status = q.status.unwrap_or_else(|| "DEAD".into()).to_ascii_uppercase();
     if !["PENDING", "SENDING", "SENT", "FAILED", "DEAD"].contains(&status.as_str()) {
         return error_response(ErrorCode::BadRequest, "status must be one of PENDING, SENDING, SENT, FAILED, DEAD");
@@ -49,7 +50,7 @@ async fn list(State(s): State<Arc<Shared>>, Query(q): Query<ListQuery>) -> Respo
     }
 }
 
-async fn show(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+async fn show(State(s): State<Arc<WorkerContext>>, Path(id): Path<u64>) -> Response {
     match s.outbox.get(id).await {
         Ok(Some(ev)) => Json(ev).into_response(),
         Ok(None) => error_response(ErrorCode::NotFound, "no such outbox event"),
@@ -57,7 +58,7 @@ async fn show(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
     }
 }
 
-async fn retry(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+async fn retry(State(s): State<Arc<WorkerContext>>, Path(id): Path<u64>) -> Response {
     match s.outbox.retry(id).await {
         Ok(true) => Json(serde_json::json!({ "id": id, "status": "PENDING" })).into_response(),
         Ok(false) => error_response(ErrorCode::Conflict, "only DEAD or FAILED events can be retried"),
@@ -65,7 +66,7 @@ async fn retry(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
     }
 }
 
-async fn discard(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+async fn discard(State(s): State<Arc<WorkerContext>>, Path(id): Path<u64>) -> Response {
     match s.outbox.discard(id).await {
         Ok(true) => Json(serde_json::json!({ "id": id, "discarded": true })).into_response(),
         Ok(false) => error_response(ErrorCode::Conflict, "only DEAD events can be discarded"),
@@ -73,7 +74,7 @@ async fn discard(State(s): State<Arc<Shared>>, Path(id): Path<u64>) -> Response 
     }
 }
 
-async fn message_trace(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+async fn message_trace(State(s): State<Arc<WorkerContext>>, Path(id): Path<String>) -> Response {
     let Ok(id) = id.parse::<herald_shared::ids::MsgId>() else {
         return error_response(ErrorCode::BadRequest, "a message id is a decimal string");
     };
@@ -88,7 +89,7 @@ async fn message_trace(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> 
 }
 
 async fn device_state(
-    State(s): State<Arc<Shared>>,
+    State(s): State<Arc<WorkerContext>>,
     Path((tenant, user, device)): Path<(String, String, String)>,
 ) -> Response {
     match crate::trace::device(&s, &tenant, &user, &device).await {

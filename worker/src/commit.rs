@@ -15,22 +15,8 @@ use herald_shared::protocol::{IngressEntry, SendResult};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
-use crate::fanout::Recipient;
+use crate::batch::{push_pairs, Committed, Recipient};
 use crate::lease::{IdSource, NoIdLease};
-
-/// A message committed by this batch, with what fan-out needs.
-#[derive(Clone, Debug)]
-pub struct Committed {
-    pub id: MsgId,
-    pub tenant: String,
-    pub conv: String,
-    pub seq: u64,
-    pub sender: String,
-    pub sender_device: String,
-    pub cmid: String,
-    pub ts: u64,
-    pub body: String,
-}
 
 /// What happened to one entry of the batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,17 +312,5 @@ impl CommitPipeline {
         metrics::histogram!("herald_worker_batch_size").record(entries.len() as f64);
         metrics::counter!("herald_messages_committed_total").increment(result.committed.len() as u64);
         Ok(result)
-    }
-}
-
-/// `(<tenant_col> = ? AND <col> = ?) OR ...`
-pub(crate) fn push_pairs(q: &mut QueryBuilder<'_, MySql>, tenant_col: &str, col: &str, pairs: &[(&str, &str)]) {
-    let mut sep = q.separated(" OR ");
-    for (t, id) in pairs {
-        sep.push(format!("({tenant_col} = "))
-            .push_bind_unseparated(t.to_string())
-            .push_unseparated(format!(" AND {col} = "))
-            .push_bind_unseparated(id.to_string())
-            .push_unseparated(")");
     }
 }

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
-use crate::commit::Committed;
+use crate::batch::{push_pairs, Committed, Recipient};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FanoutError {
@@ -42,24 +42,6 @@ pub struct Fanout {
 
 /// Pending-set additions for one user: device -> messages.
 type UserPlan = BTreeMap<String, Vec<MsgId>>;
-
-/// One device of one member of a conversation.
-#[derive(Clone, Debug)]
-pub struct Recipient {
-    pub tenant: String,
-    pub conv: String,
-    pub user: String,
-    pub joined_seq: u64,
-    pub left_seq: Option<u64>,
-    pub device: String,
-}
-
-impl Recipient {
-    /// A member receives what was sent after it joined and, once removed, nothing after.
-    fn receives(&self, seq: u64) -> bool {
-        self.joined_seq < seq && self.left_seq.is_none_or(|l| seq <= l)
-    }
-}
 
 impl Fanout {
     pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64) -> Self {
@@ -106,7 +88,7 @@ impl Fanout {
             "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, d.device_id FROM members m \
              JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id WHERE ",
         );
-        crate::commit::push_pairs(&mut q, "m.tenant_id", "m.conv_id", &pairs);
+        push_pairs(&mut q, "m.tenant_id", "m.conv_id", &pairs);
         let rows = q.build().fetch_all(&self.db).await?;
         rows.iter()
             .map(|r| {

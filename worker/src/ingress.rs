@@ -20,8 +20,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::commit::Outcome;
+use crate::context::WorkerContext;
 use crate::lease::Lease;
-use crate::Shared;
 
 type Entry = XReadValue<String, String, String>;
 
@@ -33,12 +33,12 @@ struct OwnedShard {
 }
 
 pub struct ShardBalancer {
-    shared: Arc<Shared>,
+    shared: Arc<WorkerContext>,
     owned: BTreeMap<u32, OwnedShard>,
 }
 
 impl ShardBalancer {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<WorkerContext>) -> Self {
         ShardBalancer { shared, owned: BTreeMap::new() }
     }
 
@@ -134,7 +134,7 @@ impl ShardBalancer {
 pub struct IngressShard {
     shard: u32,
     key: String,
-    shared: Arc<Shared>,
+    shared: Arc<WorkerContext>,
     lease: Arc<Lease>,
 }
 

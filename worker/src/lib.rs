@@ -1,18 +1,21 @@
 //! Herald's worker: consumes the ingress streams, commits batches to MySQL, answers
 //! the gateways, fans out into Redis and runs the outbox.
 //!
-//! # Layout
-//! - [`lease`]: shard and snowflake-id leases in Redis.
-//! - [`ingress`]: shard balancing and the per-shard consumer.
-//! - [`commit`]: the one-transaction-per-batch commit pipeline.
-//! - [`fanout`]: pending sets, frames and node publishes.
-//! - [`outbox`]: the transactional outbox and its dispatcher.
-//! - [`reads`]: read receipts and their `read` frames.
-//! - [`projections`]: the `rebuild-projections` command.
-//! - [`admin`]: the admin API; [`trace`]: its message and device views.
+//! This module only wires the parts together and runs them.
+//!
+//! # Layout (lower modules never import higher ones; docs/architecture.md)
+//! - Leaves: [`lease`] (shard and snowflake-id leases), [`batch`] (what a committed
+//!   batch hands on), [`projections`] (the `rebuild-projections` command).
+//! - The pipeline: [`commit`] (one transaction per batch), [`fanout`] (pending sets,
+//!   frames and node publishes), [`outbox`] (the transactional outbox and its
+//!   dispatcher), [`reads`] (read receipts and their `read` frames).
+//! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
+//!   consumer; [`trace`]: operators' views; [`admin`]: the admin API.
 
 pub mod admin;
+pub mod batch;
 pub mod commit;
+pub mod context;
 pub mod fanout;
 pub mod ingress;
 pub mod lease;
@@ -28,12 +31,11 @@ use std::time::Duration;
 
 use herald_shared::config::Config;
 use herald_shared::keys::Keys;
-use herald_shared::ops::Readiness;
-use sqlx::mysql::MySqlPool;
+use herald_shared::process::{Criticality, Process, Readiness};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::commit::CommitPipeline;
+use crate::context::WorkerContext;
 use crate::fanout::Fanout;
 use crate::ingress::ShardBalancer;
 use crate::lease::IdSource;
@@ -49,24 +51,6 @@ pub enum WorkerError {
     Redis(#[from] fred::error::Error),
     #[error("cannot bind {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
-}
-
-/// What every task of the worker shares.
-#[derive(Debug)]
-pub struct Shared {
-    pub cfg: Config,
-    pub db: MySqlPool,
-    pub redis: fred::prelude::Pool,
-    pub keys: Keys,
-    pub ids: IdSource,
-    pub commit: CommitPipeline,
-    pub fanout: Arc<Fanout>,
-    pub outbox: Arc<Outbox>,
-    pub reads: reads::ReadReceipts,
-    /// Outbox events dispatched right after commit, to be marked SENT in batches.
-    pub sent_marks: tokio::sync::mpsc::Sender<u64>,
-    /// The last lease round succeeded (Redis reachable, ids leased).
-    pub balancer_ok: AtomicBool,
 }
 
 /// Applies the schema and returns (`herald-worker migrate`).
@@ -109,7 +93,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         max_group: cfg.worker.read_fanout_max_group,
         ttl_ms: cfg.worker.read_state_ttl_s * 1000,
     };
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(WorkerContext {
         commit: CommitPipeline::new(db.clone(), cfg.outbox.first_retry_delay_ms),
         cfg,
         db,
@@ -129,41 +113,33 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .map_err(|source| WorkerError::Bind { addr: admin_addr, source })?;
     tracing::info!(node = %shared.cfg.node_id, admin = %listener.local_addr().map_err(|source| WorkerError::Bind { addr: admin_addr, source })?, "worker started");
 
-    let cancel = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    let ready = Readiness::default();
-    tasks.spawn(ShardBalancer::new(shared.clone()).run(cancel.child_token()));
-    tasks.spawn(
-        OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) }
-            .run(cancel.child_token()),
-    );
-    tasks.spawn(SentMarker { outbox: shared.outbox.clone(), rx: sent_rx }.run(cancel.child_token()));
-    tasks.spawn(health_loop(shared.clone(), ready.clone(), cancel.child_token()));
-    let app = admin::router(shared.clone(), metrics, ready.clone());
-    let admin_cancel = cancel.child_token();
-    tasks.spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move { admin_cancel.cancelled().await });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin listener failed");
-        }
+    let process = Process::new();
+    let balancer = shared.clone();
+    process.spawn_supervised("shard_balancer", Criticality::Critical, move |c| {
+        ShardBalancer::new(balancer.clone()).run(c)
     });
-    tasks.close();
+    let dispatcher =
+        OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) };
+    process.spawn_supervised("outbox_dispatcher", Criticality::Background, move |c| dispatcher.clone().run(c));
+    let marker = SentMarker { outbox: shared.outbox.clone(), rx: Arc::new(tokio::sync::Mutex::new(sent_rx)) };
+    process.spawn_supervised("sent_marker", Criticality::Background, move |c| marker.clone().run(c));
+    let (health, ready) = (shared.clone(), process.readiness().clone());
+    process.spawn_supervised("health", Criticality::Critical, move |c| health_loop(health.clone(), ready.clone(), c));
+    process.serve_admin(listener, admin::router(shared.clone(), metrics, process.readiness().clone()));
 
     shutdown.await;
     tracing::info!("worker shutting down");
-    ready.set(false);
-    cancel.cancel();
-    if tokio::time::timeout(Duration::from_secs(20), tasks.wait()).await.is_err() {
+    if !process.stop(Duration::from_secs(20)).await {
         tracing::warn!("tasks did not stop within 20 s");
     }
     Ok(())
 }
 
 /// Keeps `/readyz` current: MySQL answers with the schema applied, Redis leases work.
-async fn health_loop(shared: Arc<Shared>, ready: Readiness, cancel: CancellationToken) {
+async fn health_loop(shared: Arc<WorkerContext>, ready: Readiness, cancel: CancellationToken) {
     loop {
         let db_ok = herald_shared::db::migrations_applied(&shared.db).await;
-        ready.set(db_ok && shared.balancer_ok.load(std::sync::atomic::Ordering::Acquire));
+        ready.set_dependencies(db_ok && shared.balancer_ok.load(std::sync::atomic::Ordering::Acquire));
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}

@@ -232,7 +232,7 @@ fn row_to_event(r: &sqlx::mysql::MySqlRow) -> Result<OutboxEvent, sqlx::Error> {
 }
 
 /// The periodic loop that finishes what the immediate dispatch did not.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct OutboxDispatcher {
     pub outbox: Arc<Outbox>,
     pub fanout: Arc<Fanout>,
@@ -297,27 +297,29 @@ impl OutboxDispatcher {
 /// every event finished since the last one, instead of one per committed batch. An event
 /// whose mark is lost (crash, MySQL error) stays PENDING and the dispatcher fans it out
 /// again: harmless, fan-out is idempotent.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct SentMarker {
     pub outbox: Arc<Outbox>,
-    pub rx: tokio::sync::mpsc::Receiver<u64>,
+    /// Outlives a restart of the loop: marks queued meanwhile are not lost.
+    pub rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<u64>>>,
 }
 
 impl SentMarker {
     /// Most ids in one UPDATE.
     const MAX_IDS: usize = 1_000;
 
-    pub async fn run(mut self, cancel: CancellationToken) {
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut rx = self.rx.lock().await;
         let mut ids = Vec::with_capacity(Self::MAX_IDS);
         loop {
             let first = tokio::select! {
                 _ = cancel.cancelled() => None,
-                id = self.rx.recv() => id,
+                id = rx.recv() => id,
             };
             let Some(first) = first else { break };
             ids.push(first);
             while ids.len() < Self::MAX_IDS {
-                match self.rx.try_recv() {
+                match rx.try_recv() {
                     Ok(id) => ids.push(id),
                     Err(_) => break,
                 }
@@ -328,7 +330,7 @@ impl SentMarker {
             ids.clear();
         }
         // Whatever is still queued at shutdown.
-        while let Ok(id) = self.rx.try_recv() {
+        while let Ok(id) = rx.try_recv() {
             ids.push(id);
         }
         let _ = self.outbox.mark_sent(&ids).await;

@@ -7,10 +7,19 @@ use herald_shared::ids::MsgId;
 use serde_json::{json, Value};
 use sqlx::Row;
 
-use crate::Shared;
+use crate::context::WorkerContext;
+
+/// Why a view could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+}
 
 /// `None` when the message does not exist.
-pub async fn message(s: &Shared, id: MsgId) -> Result<Option<Value>, anyhow::Error> {
+pub async fn message(s: &WorkerContext, id: MsgId) -> Result<Option<Value>, TraceError> {
     let Some(m) = sqlx::query(
         "SELECT tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, created_at FROM messages WHERE id = ?",
     )
@@ -86,7 +95,7 @@ pub async fn message(s: &Shared, id: MsgId) -> Result<Option<Value>, anyhow::Err
 }
 
 /// A device's presence, pending set and watermark; `None` when it is not registered.
-pub async fn device(s: &Shared, tenant: &str, user: &str, device: &str) -> Result<Option<Value>, anyhow::Error> {
+pub async fn device(s: &WorkerContext, tenant: &str, user: &str, device: &str) -> Result<Option<Value>, TraceError> {
     let Some(d) = sqlx::query(
         "SELECT platform, watermark, registered_at, last_seen_at FROM devices WHERE tenant_id = ? AND user_id = ? AND device_id = ?",
     )

@@ -1,0 +1,69 @@
+//! What a committed batch hands on: the messages with what fan-out needs, and the
+//! member devices they go to. Shared by the commit pipeline, the fan-out and the
+//! outbox, so none of them imports another for its types.
+
+use herald_shared::ids::MsgId;
+use sqlx::{MySql, QueryBuilder};
+
+/// A message committed by this batch, with what fan-out needs.
+#[derive(Clone, Debug)]
+pub struct Committed {
+    pub id: MsgId,
+    pub tenant: String,
+    pub conv: String,
+    pub seq: u64,
+    pub sender: String,
+    pub sender_device: String,
+    pub cmid: String,
+    pub ts: u64,
+    pub body: String,
+}
+
+/// One device of one member of a conversation.
+#[derive(Clone, Debug)]
+pub struct Recipient {
+    pub tenant: String,
+    pub conv: String,
+    pub user: String,
+    pub joined_seq: u64,
+    pub left_seq: Option<u64>,
+    pub device: String,
+}
+
+impl Recipient {
+    /// A member receives what was sent after it joined and, once removed, nothing after.
+    pub fn receives(&self, seq: u64) -> bool {
+        self.joined_seq < seq && self.left_seq.is_none_or(|l| seq <= l)
+    }
+}
+
+/// `(<tenant_col> = ? AND <col> = ?) OR ...`
+pub fn push_pairs(q: &mut QueryBuilder<'_, MySql>, tenant_col: &str, col: &str, pairs: &[(&str, &str)]) {
+    let mut sep = q.separated(" OR ");
+    for (t, id) in pairs {
+        sep.push(format!("({tenant_col} = "))
+            .push_bind_unseparated(t.to_string())
+            .push_unseparated(format!(" AND {col} = "))
+            .push_bind_unseparated(id.to_string())
+            .push_unseparated(")");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_receives_what_was_sent_while_it_was_a_member() {
+        let r = |joined_seq, left_seq| Recipient {
+            tenant: "t".into(),
+            conv: "c".into(),
+            user: "u".into(),
+            joined_seq,
+            left_seq,
+            device: "d".into(),
+        };
+        assert!(!r(3, None).receives(3) && r(3, None).receives(4));
+        assert!(r(3, Some(5)).receives(5) && !r(3, Some(5)).receives(6));
+    }
+}

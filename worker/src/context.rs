@@ -1,0 +1,32 @@
+//! What the worker's tasks share: configuration, pools, and the pipeline's parts.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use herald_shared::config::Config;
+use herald_shared::keys::Keys;
+use sqlx::mysql::MySqlPool;
+
+use crate::commit::CommitPipeline;
+use crate::fanout::Fanout;
+use crate::lease::IdSource;
+use crate::outbox::Outbox;
+use crate::reads::ReadReceipts;
+
+/// What every task of the worker shares.
+#[derive(Debug)]
+pub struct WorkerContext {
+    pub cfg: Config,
+    pub db: MySqlPool,
+    pub redis: fred::prelude::Pool,
+    pub keys: Keys,
+    pub ids: IdSource,
+    pub commit: CommitPipeline,
+    pub fanout: Arc<Fanout>,
+    pub outbox: Arc<Outbox>,
+    pub reads: ReadReceipts,
+    /// Outbox events dispatched right after commit, to be marked SENT in batches.
+    pub sent_marks: tokio::sync::mpsc::Sender<u64>,
+    /// The last lease round succeeded (Redis reachable, ids leased).
+    pub balancer_ok: AtomicBool,
+}
