@@ -17,6 +17,21 @@ use herald_shared::scripts;
 use sqlx::mysql::MySqlPool;
 use sqlx::Row;
 
+/// Why read positions could not be pushed (the stored position is right regardless).
+#[derive(Debug, thiserror::Error)]
+enum ReadFanoutError {
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+}
+
+/// Members with a registered device among (user, device) rows in any order: a user
+/// with several devices counts once.
+fn member_count(rows: &[(String, String)]) -> usize {
+    rows.iter().map(|(user, _)| user).collect::<std::collections::HashSet<_>>().len()
+}
+
 #[derive(Debug)]
 pub struct ReadReceipts {
     pub db: MySqlPool,
@@ -99,7 +114,7 @@ impl ReadReceipts {
         Ok(outcomes)
     }
 
-    async fn fan_out(&self, moved: &[Moved]) -> Result<(), anyhow::Error> {
+    async fn fan_out(&self, moved: &[Moved]) -> Result<(), ReadFanoutError> {
         let mut by_node: BTreeMap<String, Vec<ReadPush>> = BTreeMap::new();
         for m in moved {
             let rows = sqlx::query(
@@ -110,15 +125,11 @@ impl ReadReceipts {
             .bind(&m.conv)
             .fetch_all(&self.db)
             .await?;
-            let member_count = {
-                let mut users: Vec<String> = rows.iter().filter_map(|r| r.text(0).ok()).collect();
-                users.dedup();
-                users.len()
-            };
-            let everyone = m.kind == "direct" || member_count <= self.max_group;
+            let rows: Vec<(String, String)> =
+                rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?))).collect::<Result<_, sqlx::Error>>()?;
+            let everyone = m.kind == "direct" || member_count(&rows) <= self.max_group;
             let mut per_user: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for r in &rows {
-                let (user, device) = (r.text(0)?, r.text(1)?);
+            for (user, device) in rows {
                 let own_other_device = user == m.user && device != m.device;
                 if own_other_device || (everyone && user != m.user) {
                     per_user.entry(user).or_default().push(device);
@@ -154,8 +165,24 @@ impl ReadReceipts {
         }
         for (node, reads) in by_node {
             let env = NodeEnvelope { reads, ..Default::default() };
-            let _: () = self.redis.next().publish(self.keys.node_channel(&node), serde_json::to_string(&env)?).await?;
+            let payload = serde_json::to_string(&env).expect("envelope serializes");
+            let _: () = self.redis.next().publish(self.keys.node_channel(&node), payload).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_are_counted_once_however_their_devices_are_ordered() {
+        let rows: Vec<(String, String)> = [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1"), ("b", "2"), ("a", "3")]
+            .iter()
+            .map(|(u, d)| (u.to_string(), d.to_string()))
+            .collect();
+        assert_eq!(member_count(&rows), 3, "three users, whatever order MySQL returns their devices in");
+        assert_eq!(member_count(&[]), 0);
     }
 }
