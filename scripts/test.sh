@@ -8,7 +8,9 @@ ensure_mariadb
 ensure_redis
 export IT_MYSQL_URL=${IT_MYSQL_URL:-$HD_MYSQL_ROOT_URL}
 export IT_REDIS_URL=${IT_REDIS_URL:-redis://127.0.0.1:6379/0}
-# The Helm chart first: quick, and the test runner's summary stays the last output.
+# The quick checks first, so the test runner's summary stays the last output: module
+# layering, then the Helm chart.
+scripts/check-layering.py
 scripts/chart-test.sh
 log "building"
 cargo build --workspace --bins
