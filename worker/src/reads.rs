@@ -12,7 +12,7 @@ use fred::prelude::*;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
-use herald_shared::protocol::{read_field, NodeEnvelope, ReadEntry, ReadPush, SendOutcome};
+use herald_shared::protocol::{read_field, ConversationKind, NodeEnvelope, ReadEntry, ReadPush, SendOutcome};
 use herald_shared::scripts;
 use sqlx::mysql::MySqlPool;
 use sqlx::Row;
@@ -46,7 +46,7 @@ pub struct ReadReceipts {
 struct Moved {
     tenant: String,
     conv: String,
-    kind: String,
+    kind: Option<ConversationKind>,
     user: String,
     device: String,
     seq: u64,
@@ -84,6 +84,7 @@ impl ReadReceipts {
                 continue;
             };
             let (kind, last_seq, read_seq): (String, u64, u64) = (row.text(0)?, row.try_get(1)?, row.try_get(2)?);
+            let kind = ConversationKind::parse(&kind);
             let new = read_seq.max(r.seq.min(last_seq));
             if new > read_seq {
                 sqlx::query("UPDATE members SET read_seq = ? WHERE tenant_id = ? AND conv_id = ? AND user_id = ?")
@@ -127,7 +128,7 @@ impl ReadReceipts {
             .await?;
             let rows: Vec<(String, String)> =
                 rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?))).collect::<Result<_, sqlx::Error>>()?;
-            let everyone = m.kind == "direct" || member_count(&rows) <= self.max_group;
+            let everyone = m.kind == Some(ConversationKind::Direct) || member_count(&rows) <= self.max_group;
             let mut per_user: BTreeMap<String, Vec<String>> = BTreeMap::new();
             for (user, device) in rows {
                 let own_other_device = user == m.user && device != m.device;

@@ -14,6 +14,7 @@ use herald_shared::auth::is_valid_ident;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::now_ms;
+use herald_shared::protocol::ConversationKind;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::{MySql, QueryBuilder, Row};
@@ -34,7 +35,7 @@ struct CreateRequest {
 #[derive(Serialize)]
 pub struct Conversation {
     id: String,
-    kind: String,
+    kind: ConversationKind,
     title: Option<String>,
     members: Vec<String>,
     last_seq: u64,
@@ -60,14 +61,13 @@ pub async fn create(
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Conversation>)> {
     let req: CreateRequest = parse_json(&body)?;
-    if req.kind != "direct" && req.kind != "group" {
-        return Err(ApiError::bad_request("kind must be \"direct\" or \"group\""));
-    }
+    let kind = ConversationKind::parse(&req.kind)
+        .ok_or_else(|| ApiError::bad_request("kind must be \"direct\" or \"group\""))?;
     let members = check_members(&req.members, state.cfg.gateway.max_group_size)?;
     if !members.contains(&c.sub) {
         return Err(ApiError::bad_request("the caller must be one of the members"));
     }
-    if req.kind == "direct" && members.len() != 2 {
+    if kind == ConversationKind::Direct && members.len() != 2 {
         return Err(ApiError::bad_request("a direct conversation has exactly 2 members"));
     }
     if req.title.as_ref().is_some_and(|t| t.chars().count() > 256) {
@@ -85,7 +85,7 @@ pub async fn create(
     )
     .bind(&c.tid)
     .bind(&id)
-    .bind(&req.kind)
+    .bind(kind.as_str())
     .bind(&req.title)
     .bind(now)
     .bind(now)
@@ -97,7 +97,7 @@ pub async fn create(
         tx.rollback().await?;
         let existing = load(&state, &c.tid, &id).await?.ok_or_else(ApiError::not_found)?;
         let same_members: BTreeSet<String> = existing.members.iter().cloned().collect();
-        if existing.kind == req.kind && same_members == members {
+        if existing.kind == kind && same_members == members {
             return Ok((StatusCode::OK, Json(existing)));
         }
         return Err(ApiError::new(
@@ -117,13 +117,21 @@ pub async fn create(
         StatusCode::CREATED,
         Json(Conversation {
             id,
-            kind: req.kind,
+            kind,
             title: req.title,
             members: members.into_iter().collect(),
             last_seq: 0,
             created_at: now,
         }),
     ))
+}
+
+/// A stored conversation's kind; the schema allows no other.
+fn stored_kind(text: &str) -> ApiResult<ConversationKind> {
+    ConversationKind::parse(text).ok_or_else(|| {
+        tracing::error!(kind = text, "a stored conversation has an unknown kind");
+        ApiError::new(ErrorCode::Internal, "internal error")
+    })
 }
 
 /// A conversation of the tenant with its current members.
@@ -149,7 +157,7 @@ async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conv
     .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Conversation {
         id: id.to_owned(),
-        kind: row.text(0)?,
+        kind: stored_kind(&row.text(0)?)?,
         title: row.opt_text(1)?,
         last_seq: row.try_get(2)?,
         created_at: row.try_get(3)?,
@@ -185,7 +193,7 @@ pub async fn change_members(
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(ApiError::not_found)?;
-    let kind: String = row.text(0)?;
+    let kind = stored_kind(&row.text(0)?)?;
     let last_seq: u64 = row.try_get(1)?;
     let current = sqlx::query("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL")
         .bind(&c.tid)
@@ -198,7 +206,7 @@ pub async fn change_members(
     if !current.contains(&c.sub) {
         return Err(ApiError::new(ErrorCode::Forbidden, "only members may change the member list"));
     }
-    if kind == "direct" && (!add.is_empty() || !remove.is_empty()) {
+    if kind == ConversationKind::Direct && (!add.is_empty() || !remove.is_empty()) {
         return Err(ApiError::new(ErrorCode::Conflict, "the members of a direct conversation are fixed"));
     }
     let after = current.len() + add.difference(&current).count() - remove.intersection(&current).count();
