@@ -8,7 +8,7 @@ use fred::prelude::*;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::MsgId;
-use herald_shared::keys::Keys;
+use herald_shared::keys::{DeviceKey, Keys};
 use herald_shared::protocol::Message;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -107,6 +107,53 @@ impl History {
         .fetch_all(&self.db)
         .await?;
         page(rows, limit)
+    }
+
+    /// A device's messages with ids in `after+1..=upto`, in id order: every message of
+    /// the user's conversations within membership, except the device's own. What its
+    /// overflow band holds (see `recovery`).
+    pub async fn band(
+        &self,
+        d: &DeviceKey,
+        after: MsgId,
+        upto: MsgId,
+        limit: u32,
+    ) -> Result<Vec<Message>, sqlx::Error> {
+        let rows = sqlx::query(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
+             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.id <= ? AND msg.seq > m.joined_seq \
+             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) AND NOT (msg.sender_id = ? AND msg.sender_device = ?) \
+             ORDER BY msg.id LIMIT ?"
+        ))
+        .bind(&d.tenant)
+        .bind(&d.user)
+        .bind(after.0)
+        .bind(upto.0)
+        .bind(&d.user)
+        .bind(&d.device)
+        .bind(limit)
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter().map(message).collect()
+    }
+
+    /// How many messages a band holds, counting at most `max`.
+    pub async fn band_count(&self, d: &DeviceKey, low: MsgId, high: MsgId, max: u32) -> Result<u64, sqlx::Error> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
+             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id >= ? AND msg.id <= ? AND msg.seq > m.joined_seq \
+             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) AND NOT (msg.sender_id = ? AND msg.sender_device = ?) LIMIT ?) band",
+        )
+        .bind(&d.tenant)
+        .bind(&d.user)
+        .bind(low.0)
+        .bind(high.0)
+        .bind(&d.user)
+        .bind(&d.device)
+        .bind(max)
+        .fetch_one(&self.db)
+        .await?;
+        Ok(n as u64)
     }
 
     /// The `msg` frames of these ids: from Redis (`m:{id}`), else rebuilt from MySQL.

@@ -72,8 +72,13 @@ scripts! {
     PRESENCE_KEEP = "presence_keep";
     /// Clears a device's presence if it is still this session's.
     PRESENCE_CLEAR = "presence_clear";
-    /// A pending set's oldest member, if the set is trusted in this epoch.
+    /// What bounds a device's watermark (oldest pending or overflowed id), if its set
+    /// is trusted in this epoch.
     OLDEST_IF_TRUSTED = "oldest_if_trusted";
+    /// Widens a device's overflow band (read from MySQL instead of the pending set).
+    OVERFLOW_WIDEN = "overflow_widen";
+    /// Moves a device's overflow band up as the device catches up, or removes it.
+    OVERFLOW_ADVANCE = "overflow_advance";
     /// Renews a lease held by this token.
     LEASE_RENEW = "lease_renew";
     /// Releases a lease held by this token.
@@ -93,6 +98,6 @@ mod tests {
             assert!(s.source().contains("-- Returns:"), "{} does not state what it returns", s.name());
             assert!(hashes.insert(s.script().sha1().to_string()), "{}", s.name());
         }
-        assert_eq!(ALL.len(), 10);
+        assert_eq!(ALL.len(), 12);
     }
 }

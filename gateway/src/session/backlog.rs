@@ -1,37 +1,49 @@
-//! The backlog pager: where a session stands in reading its pending set.
+//! The backlog pager: where a session stands in reading what is waiting for its device.
 //!
-//! On connect (and whenever the set must be read again: a dropped push, a new Redis
-//! epoch, a presence that vanished) the pending set is read in pages after a cursor,
-//! oldest first; each page is pushed and acked before the next is read, and
-//! `caught_up` follows the last page's acks. This is the state alone; the session does
-//! the Redis and MySQL reads (with the `pending_page` script, exact above 2^53) and
-//! paces them with token buckets.
+//! A reading first checks the device's overflow band (messages missing from the pending
+//! set, read from MySQL) and pages through it, then pages through the pending set,
+//! oldest first; before `caught_up` it checks the band once more (a fan-out may have
+//! trimmed the set meanwhile). Each page is pushed and acked before the next. A reading
+//! starts on connect and whenever the set must be read again (a dropped push, a new
+//! Redis epoch, a presence that vanished). This is the state alone; the session does
+//! the reads (the `pending_page` script, exact above 2^53) and paces them with token
+//! buckets.
 
 use std::collections::HashSet;
 
 use herald_shared::ids::MsgId;
 use tokio::time::Instant;
 
-/// Where the next page starts.
+use crate::recovery::Band;
+
+/// Where the next page of the pending set starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cursor {
     /// Nothing read yet: the oldest entry.
     Start,
     /// After this id (which may have been acked and removed since).
     After(MsgId),
-    /// Every page was read; `caught_up` follows the last acks.
+    /// Every page was read.
     End,
 }
 
-/// One page to read: up to `want` entries after `after` (`None`: from the start).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PageRequest {
-    pub after: Option<MsgId>,
-    pub want: usize,
+/// The next read the session must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PageRequest {
+    /// Read the device's overflow band (it may have none).
+    CheckBand,
+    /// Up to `want` messages of the band after `after`; first move the band's low end to
+    /// `advance_to` (everything below is acked), if set.
+    Band { band: Band, after: MsgId, advance_to: Option<MsgId>, want: usize },
+    /// Up to `want` entries of the pending set after `after` (`None`: from the start).
+    Set { after: Option<MsgId>, want: usize },
 }
 
 #[derive(Debug)]
 pub struct BacklogPager {
+    check_band: bool,
+    /// The band being read and the last id read from it.
+    band: Option<(Band, MsgId)>,
     cursor: Cursor,
     /// Ids of the current page not yet acked.
     outstanding: HashSet<MsgId>,
@@ -47,6 +59,8 @@ pub struct BacklogPager {
 impl BacklogPager {
     pub fn new(page_size: usize) -> BacklogPager {
         BacklogPager {
+            check_band: true,
+            band: None,
             cursor: Cursor::Start,
             outstanding: HashSet::new(),
             done: false,
@@ -56,8 +70,10 @@ impl BacklogPager {
         }
     }
 
-    /// Reads the pending set again from the start; what was delivered stays counted.
+    /// Reads everything again from the start; what was delivered stays counted.
     pub fn restart(&mut self) {
+        self.check_band = true;
+        self.band = None;
         self.cursor = Cursor::Start;
         self.outstanding.clear();
         self.done = false;
@@ -68,18 +84,65 @@ impl BacklogPager {
         self.cursor
     }
 
-    /// The next page to read, if one is due: the previous page is acked, the pager is
-    /// not paced, and the inflight window has `room`.
+    /// The next read, if one is due: the previous page is acked, the pager is not
+    /// paced, and the inflight window has `room`.
     pub fn next_request(&self, now: Instant, room: usize) -> Option<PageRequest> {
         if self.done || !self.outstanding.is_empty() || room == 0 || self.is_paced(now) {
             return None;
         }
-        let after = match self.cursor {
-            Cursor::Start => None,
-            Cursor::After(id) => Some(id),
-            Cursor::End => return None,
-        };
-        Some(PageRequest { after, want: self.page_size.min(room) })
+        let want = self.page_size.min(room);
+        if self.check_band {
+            return Some(PageRequest::CheckBand);
+        }
+        if let Some((band, after)) = &self.band {
+            let advance_to = (*after >= band.low).then(|| MsgId(after.0 + 1));
+            return Some(PageRequest::Band { band: band.clone(), after: *after, advance_to, want });
+        }
+        match self.cursor {
+            Cursor::Start => Some(PageRequest::Set { after: None, want }),
+            Cursor::After(id) => Some(PageRequest::Set { after: Some(id), want }),
+            Cursor::End => None,
+        }
+    }
+
+    /// What the band check found. A band is read from its low end, then the set from
+    /// its start.
+    pub fn band_checked(&mut self, band: Option<Band>) {
+        self.check_band = false;
+        if let Some(band) = band {
+            let after = MsgId(band.low.0.saturating_sub(1));
+            self.band = Some((band, after));
+            self.cursor = Cursor::Start;
+        }
+    }
+
+    /// The band's low end moved to `low` (everything below is acked).
+    pub fn band_advanced(&mut self, low: MsgId) {
+        if let Some((band, _)) = &mut self.band {
+            *band = band.moved_to(low);
+        }
+    }
+
+    /// The band changed under the session (a fan-out widened it): read it again.
+    pub fn band_changed(&mut self) {
+        self.band = None;
+        self.check_band = true;
+    }
+
+    /// A band page was read; an empty one means the band is passed (the session then
+    /// removes it, and reads the set from its start).
+    pub fn band_read(&mut self, page: &[MsgId]) {
+        if let Some((_, after)) = &mut self.band {
+            if let Some(last) = page.last() {
+                *after = *last;
+            }
+        }
+    }
+
+    /// The band was removed: on to the pending set.
+    pub fn band_done(&mut self) {
+        self.band = None;
+        self.cursor = Cursor::Start;
     }
 
     /// The token buckets said wait.
@@ -99,11 +162,15 @@ impl BacklogPager {
         self.resume.is_some_and(|t| t > now)
     }
 
-    /// A page was read: the cursor moves past it, or to the end when it was empty.
+    /// A page of the set was read: the cursor moves past it; an empty one ends the set,
+    /// and the band is checked once more before `caught_up`.
     pub fn read(&mut self, page: &[MsgId]) {
         self.cursor = match page.last() {
             Some(last) => Cursor::After(*last),
-            None => Cursor::End,
+            None => {
+                self.check_band = true;
+                Cursor::End
+            }
         };
     }
 
@@ -125,9 +192,13 @@ impl BacklogPager {
         was
     }
 
-    /// Every page was read and acked, and `caught_up` is not sent yet.
+    /// Everything was read and acked, and `caught_up` is not sent yet.
     pub fn is_finishing(&self) -> bool {
-        !self.done && self.outstanding.is_empty() && self.cursor == Cursor::End
+        !self.done
+            && self.outstanding.is_empty()
+            && self.cursor == Cursor::End
+            && !self.check_band
+            && self.band.is_none()
     }
 
     /// Marks the backlog delivered; what `caught_up` reports.
@@ -145,12 +216,31 @@ mod tests {
         r.map(MsgId).collect()
     }
 
+    fn band(low: u64, high: u64) -> Band {
+        Band::parse(&format!("{} {}", MsgId(low).member(), MsgId(high).member())).unwrap()
+    }
+
+    /// Reads the set through to `caught_up` with no band.
+    fn set_pages(p: &mut BacklogPager, pages: &[Vec<MsgId>]) {
+        let now = Instant::now();
+        for page in pages {
+            assert!(matches!(p.next_request(now, 10), Some(PageRequest::Set { .. })));
+            p.read(page);
+            for id in page {
+                p.pushed(*id);
+                assert!(p.acked(*id));
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn pages_follow_the_cursor_one_acked_page_at_a_time_to_caught_up() {
         let now = Instant::now();
         let mut p = BacklogPager::new(3);
-        assert_eq!(p.next_request(now, 10), Some(PageRequest { after: None, want: 3 }));
-        assert_eq!(p.next_request(now, 2), Some(PageRequest { after: None, want: 2 }), "bounded by the window");
+        assert_eq!(p.next_request(now, 10), Some(PageRequest::CheckBand), "the band first");
+        p.band_checked(None);
+        assert_eq!(p.next_request(now, 10), Some(PageRequest::Set { after: None, want: 3 }));
+        assert_eq!(p.next_request(now, 2), Some(PageRequest::Set { after: None, want: 2 }), "bounded by the window");
         assert_eq!(p.next_request(now, 0), None, "no room, no page");
         let page = ids(1..4);
         p.read(&page);
@@ -162,10 +252,12 @@ mod tests {
         assert!(p.acked(MsgId(1)) && p.acked(MsgId(2)) && !p.acked(MsgId(42)));
         assert!(p.is_outstanding(MsgId(3)) && !p.is_outstanding(MsgId(1)));
         assert!(p.acked(MsgId(3)));
-        assert_eq!(p.next_request(now, 10), Some(PageRequest { after: Some(MsgId(3)), want: 3 }));
+        assert_eq!(p.next_request(now, 10), Some(PageRequest::Set { after: Some(MsgId(3)), want: 3 }));
         assert!(!p.is_finishing(), "not before an empty page says it was the last");
         p.read(&[]);
         assert_eq!(p.cursor(), Cursor::End);
+        assert_eq!(p.next_request(now, 10), Some(PageRequest::CheckBand), "the band again before caught_up");
+        p.band_checked(None);
         assert_eq!(p.next_request(now, 10), None);
         assert!(p.is_finishing());
         assert_eq!(p.finish(), 3);
@@ -173,8 +265,45 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_band_is_read_before_the_set_and_its_low_end_follows_the_acks() {
+        let now = Instant::now();
+        let mut p = BacklogPager::new(2);
+        p.band_checked(Some(band(10, 20)));
+        assert_eq!(
+            p.next_request(now, 10),
+            Some(PageRequest::Band { band: band(10, 20), after: MsgId(9), advance_to: None, want: 2 })
+        );
+        p.band_read(&ids(10..12));
+        p.pushed(MsgId(10));
+        p.pushed(MsgId(11));
+        assert_eq!(p.next_request(now, 10), None, "the band page is awaited like any page");
+        assert!(p.acked(MsgId(10)) && p.acked(MsgId(11)));
+        // Everything up to 11 acked: the band's low end moves to 12 before the next page.
+        let Some(PageRequest::Band { advance_to, after, .. }) = p.next_request(now, 10) else { panic!() };
+        assert_eq!((advance_to, after), (Some(MsgId(12)), MsgId(11)));
+        p.band_advanced(MsgId(12));
+        let Some(PageRequest::Band { band: b, .. }) = p.next_request(now, 10) else { panic!() };
+        assert_eq!(b.low, MsgId(12));
+        // A fan-out widened the band meanwhile: it is read again.
+        p.band_changed();
+        assert_eq!(p.next_request(now, 10), Some(PageRequest::CheckBand));
+        p.band_checked(Some(band(5, 30)));
+        let Some(PageRequest::Band { after, .. }) = p.next_request(now, 10) else { panic!() };
+        assert_eq!(after, MsgId(4), "from the new low end");
+        // Passed: the band goes, the set is read from its start, then caught_up.
+        p.band_read(&[]);
+        p.band_done();
+        set_pages(&mut p, &[ids(40..42), vec![]]);
+        assert_eq!(p.next_request(now, 10), Some(PageRequest::CheckBand));
+        p.band_checked(None);
+        assert!(p.is_finishing());
+        assert_eq!(p.finish(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn pacing_holds_pages_and_a_restart_reads_again_keeping_the_count() {
         let mut p = BacklogPager::new(2);
+        p.band_checked(None);
         let t0 = Instant::now();
         p.pace_until(t0 + std::time::Duration::from_millis(50));
         assert_eq!(p.next_request(t0, 10), None, "paced");
@@ -186,12 +315,14 @@ mod tests {
         p.pushed(MsgId(5));
         p.pushed(MsgId(6));
         assert!(p.acked(MsgId(5)));
-        p.read(&[]);
         p.restart();
         assert_eq!(p.cursor(), Cursor::Start);
         assert!(!p.is_outstanding(MsgId(6)), "the page is read again, not awaited");
-        assert_eq!(p.next_request(Instant::now(), 10), Some(PageRequest { after: None, want: 2 }));
+        assert_eq!(p.next_request(Instant::now(), 10), Some(PageRequest::CheckBand));
+        p.band_checked(None);
+        assert_eq!(p.next_request(Instant::now(), 10), Some(PageRequest::Set { after: None, want: 2 }));
         p.read(&[]);
+        p.band_checked(None);
         assert_eq!(p.finish(), 1, "what was delivered before the restart stays counted");
     }
 }

@@ -8,12 +8,13 @@ use fred::interfaces::SortedSetsInterface;
 use futures::{Sink, Stream};
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
-use herald_shared::protocol::{CaughtUp, CloseCode, ErrorFrame};
+use herald_shared::protocol::{msg_frame, CaughtUp, CloseCode, ErrorFrame};
 use herald_shared::scripts;
 use tokio::time::Instant;
 
 use super::backlog::PageRequest;
 use super::{End, Flow, Session, SessionError};
+use crate::recovery::Band;
 use crate::sessions::Push;
 
 impl<S, E> Session<S>
@@ -38,16 +39,23 @@ where
         let Some(request) = self.backlog.next_request(now, self.inflight.room()) else {
             return ControlFlow::Continue(());
         };
-        // Pace: the device's bucket, then the node's (a login storm must not starve it).
-        let wait = crate::limits::take(&self.backlog_bucket, request.want)
-            .err()
-            .or_else(|| crate::limits::take(&self.env.limits.backlog, request.want).err());
-        if let Some(wait) = wait {
-            metrics::counter!("herald_backlog_throttled_total").increment(1);
-            self.backlog.pace_until(now + wait);
-            return ControlFlow::Continue(());
+        if let PageRequest::Band { want, .. } | PageRequest::Set { want, .. } = &request {
+            // Pace: the device's bucket, then the node's (a login storm must not starve it).
+            let wait = crate::limits::take(&self.backlog_bucket, *want)
+                .err()
+                .or_else(|| crate::limits::take(&self.env.limits.backlog, *want).err());
+            if let Some(wait) = wait {
+                metrics::counter!("herald_backlog_throttled_total").increment(1);
+                self.backlog.pace_until(now + wait);
+                return ControlFlow::Continue(());
+            }
         }
-        match self.read_page(request).await {
+        let read = match request {
+            PageRequest::CheckBand => self.check_band().await,
+            PageRequest::Band { band, after, advance_to, want } => self.read_band(band, after, advance_to, want).await,
+            PageRequest::Set { after, want } => self.read_page(after, want).await,
+        };
+        match read {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
                 tracing::warn!(error = %e, "backlog read failed");
@@ -56,21 +64,69 @@ where
         }
     }
 
-    async fn read_page(&mut self, request: PageRequest) -> Result<(), SessionError> {
-        let (cursor, score) = match request.after {
+    async fn check_band(&mut self) -> Result<(), SessionError> {
+        let band = self.env.recovery.band(&self.device).await?;
+        self.backlog.band_checked(band);
+        if self.backlog.is_finishing() {
+            // `caught_up` promises the backlog is acked: only after the ZREM landed.
+            self.flush_acks().await?;
+            self.finish_backlog().await;
+        }
+        Ok(())
+    }
+
+    /// A page of the overflow band, from MySQL; the band's low end follows the acks.
+    async fn read_band(
+        &mut self,
+        mut band: Band,
+        after: MsgId,
+        advance_to: Option<MsgId>,
+        want: usize,
+    ) -> Result<(), SessionError> {
+        let recovery = self.env.recovery.clone();
+        if let Some(low) = advance_to {
+            if !recovery.advance(&self.device, &band, low).await? {
+                self.backlog.band_changed();
+                return Ok(());
+            }
+            band = band.moved_to(low);
+            self.backlog.band_advanced(low);
+        }
+        let page = self.env.history.band(&self.device, after, band.high, want as u32).await?;
+        let ids: Vec<MsgId> = page.iter().map(|m| m.id).collect();
+        self.backlog.band_read(&ids);
+        if page.is_empty() {
+            // Passed: the band goes (unless a fan-out widened it meanwhile).
+            if recovery.advance(&self.device, &band, MsgId(band.high.0 + 1)).await? {
+                self.backlog.band_done();
+            } else {
+                self.backlog.band_changed();
+            }
+            return Ok(());
+        }
+        let now = Instant::now();
+        for m in page {
+            if self.inflight.insert(m.id, now) {
+                self.backlog.pushed(m.id);
+                self.write(msg_frame(&m).into()).await;
+                metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// A page of the pending set.
+    async fn read_page(&mut self, after: Option<MsgId>, want: usize) -> Result<(), SessionError> {
+        let (cursor, score) = match after {
             None => (String::new(), String::new()),
             Some(id) => (id.member(), id.score().to_string()),
         };
         let members: Vec<String> = scripts::PENDING_PAGE
-            .call(self.env.redis.next(), vec![self.pending_key.clone()], vec![cursor, score, request.want.to_string()])
+            .call(self.env.redis.next(), vec![self.pending_key.clone()], vec![cursor, score, want.to_string()])
             .await?;
         let ids: Vec<MsgId> = members.iter().filter_map(|m| MsgId::from_member(m)).collect();
         self.backlog.read(&ids);
         if ids.is_empty() {
-            if self.backlog.is_finishing() {
-                self.flush_acks().await?;
-                self.finish_backlog().await;
-            }
             return Ok(());
         }
         // Ids pushed in realtime and still unacked are awaited as they are.

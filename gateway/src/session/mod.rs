@@ -61,6 +61,9 @@ use inflight::{AckBatch, Heartbeat, Inflight};
 use presence::Presence;
 use requests::Strikes;
 
+/// `hello.pending` counts an overflow band's messages up to this many.
+const BAND_COUNT_MAX: u32 = 100_000;
+
 /// What every session of this node is given.
 #[derive(Clone, Debug)]
 pub struct SessionEnv {
@@ -205,7 +208,10 @@ where
         let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
         self.epoch = EpochSeen::new(&self.env.epoch);
         self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch).await?;
-        let pending: u64 = redis.zcard(&self.pending_key).await?;
+        let mut pending: u64 = redis.zcard(&self.pending_key).await?;
+        if let Some(band) = self.env.recovery.band(&self.device).await? {
+            pending += self.env.history.band_count(&self.device, band.low, band.high, BAND_COUNT_MAX).await?;
+        }
         metrics::histogram!("herald_pending_at_connect").record(pending as f64);
         let hello = Hello { session: self.id.clone(), hb_ms: self.env.cfg.gateway.heartbeat_ms, pending };
         self.send_frame(hello).await;

@@ -127,7 +127,7 @@ async fn fixture(device: &str) -> Fixture {
             send_timeout: Duration::from_secs(1),
             max_body_bytes: 1024,
         },
-        recovery: Recovery { db, redis: pool.clone(), keys: keys.clone(), pending_cap: 100, watermark_margin_ms: 1 },
+        recovery: Recovery { db, redis: pool.clone(), keys: keys.clone(), watermark_margin_ms: 1 },
         marks,
         epoch: EpochWatch::new(epoch),
         directory: Arc::new(SessionRegistry::default()),

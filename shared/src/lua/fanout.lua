@@ -1,7 +1,8 @@
 -- Adds messages to the pending sets of one user's devices and reports where each
 -- device is connected. One Redis Cluster slot: every key is the user's.
--- A set over the cap drops its oldest entries and records the lowest dropped id in the
--- overflow hash: that device must be rebuilt from MySQL.
+-- A set over the cap drops its oldest entries and widens the device's overflow band
+-- ("low high", fixed-width ids) to cover them: the device reads that band from MySQL
+-- before its pending set (the gateway's backlog pager).
 --
 -- KEYS: presence, overflow, pending set of device 1..n.
 -- ARGV: cap, n, then per device: device id, count, count x (score, member).
@@ -31,10 +32,17 @@ for i = 1, n do
   if card > cap then
     local dropped = redis.call('ZRANGE', key, 0, card - cap - 1)
     redis.call('ZREMRANGEBYRANK', key, 0, card - cap - 1)
+    local low, high = dropped[1], dropped[#dropped]
     local prev = redis.call('HGET', KEYS[2], dev)
-    if not prev or prev > dropped[1] then
-      redis.call('HSET', KEYS[2], dev, dropped[1])
+    if prev then
+      local pl, ph = string.match(prev, '^(%d+) (%d+)$')
+      -- A mark of an older version holds only its low end.
+      pl = pl or prev
+      ph = ph or high
+      if pl < low then low = pl end
+      if ph > high then high = ph end
     end
+    redis.call('HSET', KEYS[2], dev, low .. ' ' .. high)
   end
   out[#out + 1] = dev
   out[#out + 1] = redis.call('HGET', KEYS[1], dev)
