@@ -22,6 +22,9 @@ async fn main() -> ExitCode {
     for var in &cli.ignored_env {
         tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
     }
+    for old in &cli.deprecated {
+        tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
+    }
     match herald_gateway::run(cfg, herald_shared::telemetry::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -60,7 +60,7 @@ pub async fn ensure_pending(state: &AppState, c: &Claims, epoch: &str) -> Result
             .fetch_optional(&state.db)
             .await?
             .unwrap_or(0);
-    let cap = state.cfg.worker.pending_cap;
+    let cap = state.cfg.delivery.pending_cap;
     let ids: Vec<u64> = sqlx::query(
         "SELECT msg.id FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
          WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.seq > m.joined_seq \

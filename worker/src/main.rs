@@ -18,6 +18,9 @@ async fn main() -> ExitCode {
     for var in &cli.ignored_env {
         tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
     }
+    for old in &cli.deprecated {
+        tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
+    }
     let result = match cli.args.first().map(String::as_str) {
         None | Some("run") => herald_worker::run(cfg, herald_shared::telemetry::shutdown_signal()).await,
         Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),

@@ -1,8 +1,9 @@
 //! The command line every Herald process shares: configuration flags, then commands.
 
+use std::fmt;
 use std::path::PathBuf;
 
-use super::ConfigError;
+use super::{env_name, ConfigError};
 
 /// What the command line said, besides configuration keys.
 #[derive(Debug, Default, Clone)]
@@ -13,6 +14,23 @@ pub struct Cli {
     /// variables themselves (Kubernetes: `HERALD_SERVICE_HOST` for a Service named
     /// herald). Logged as warnings once tracing is up.
     pub ignored_env: Vec<String>,
+    /// Deprecated keys that were used (and applied to their replacements). Logged as
+    /// warnings once tracing is up.
+    pub deprecated: Vec<Deprecated>,
+}
+
+/// A deprecated key that was given, and the key it was applied to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deprecated {
+    /// The old name and where it came from: `worker.pending_cap (HERALD_WORKER__PENDING_CAP)`.
+    pub given: String,
+    pub replacement: &'static str,
+}
+
+impl fmt::Display for Deprecated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} is deprecated; use {} ({})", self.given, self.replacement, env_name(self.replacement))
+    }
 }
 
 /// A flag that sets a configuration key, besides `--set`.

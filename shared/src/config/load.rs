@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::cli::{self, Cli};
+use super::cli::{self, Cli, Deprecated};
 use super::table::key_of_env;
-use super::{Config, ConfigError, ConfigErrors, Role, SetError};
+use super::{lookup, Config, ConfigError, ConfigErrors, Lookup, Role, SetError};
 
 /// Where environment variables come from; tests pass a map instead of mutating the
 /// process environment.
@@ -65,15 +65,23 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
         }
     }
 
+    // Within a layer, deprecated names go first, so a new name given beside its old
+    // one wins however the layer is ordered (the process environment has no order).
+    let old_first = |key: &str| !matches!(lookup(key), Lookup::Alias(_));
     if let Some(path) = &file {
-        for (k, v) in read_file(path, &mut errors) {
+        let mut sets = read_file(path, &mut errors);
+        sets.sort_by_key(|(k, _)| old_first(k));
+        for (k, v) in sets {
             apply(&mut cfg, &mut errors, &mut cli, Origin::File(path), &k, &v);
         }
     }
+    env_sets.sort_by_key(|(_, k, _)| old_first(k));
     for (var, key, v) in &env_sets {
         apply(&mut cfg, &mut errors, &mut cli, Origin::Env(var), key, v);
     }
-    for (k, v) in &parsed.sets {
+    let mut flag_sets = parsed.sets;
+    flag_sets.sort_by_key(|(k, _)| old_first(k));
+    for (k, v) in &flag_sets {
         apply(&mut cfg, &mut errors, &mut cli, Origin::Flag, k, v);
     }
     cfg.validate(&mut errors);
@@ -84,10 +92,18 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
     }
 }
 
-/// Applies one value. An unknown key from the environment is only noted: orchestrators
-/// set `HERALD_*` variables of their own.
+/// Applies one value; a deprecated name sets its replacement and is noted. An unknown
+/// key from the environment is only noted too: orchestrators set `HERALD_*` variables
+/// of their own.
 fn apply(cfg: &mut Config, errors: &mut Vec<ConfigError>, cli: &mut Cli, origin: Origin, key: &str, v: &str) {
-    match (cfg.set(key, v), origin) {
+    let target = match lookup(key) {
+        Lookup::Alias(alias) => {
+            cli.deprecated.push(Deprecated { given: origin.label(key), replacement: alias.replacement });
+            alias.replacement
+        }
+        _ => key,
+    };
+    match (cfg.set(target, v), origin) {
         (Ok(()), _) => {}
         (Err(SetError::UnknownKey), Origin::Env(var)) => cli.ignored_env.push(var.into()),
         (Err(e), _) => errors.push(ConfigError { key: origin.label(key), message: e.to_string() }),

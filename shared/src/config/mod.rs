@@ -15,7 +15,7 @@
 //!   [`Config`] that holds every section.
 //! - `table`: the key table behind the loader and the documentation ([`keys`],
 //!   [`markdown_table`]).
-//! - `ingress`, `gateway`, `worker`, `outbox`: one section each ([`GatewayConfig`], ...),
+//! - `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each ([`GatewayConfig`], ...),
 //!   owning its keys, defaults and validation.
 //! - `cli`: the command line ([`Cli`]); `load`: the layers ([`load`]).
 
@@ -23,6 +23,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 mod cli;
+mod delivery;
 mod gateway;
 mod ingress;
 mod load;
@@ -30,7 +31,8 @@ mod outbox;
 mod table;
 mod worker;
 
-pub use cli::Cli;
+pub use cli::{Cli, Deprecated};
+pub use delivery::DeliveryConfig;
 pub use gateway::GatewayConfig;
 pub use ingress::IngressConfig;
 pub use load::{load, Env, ProcessEnv};
@@ -85,6 +87,8 @@ pub struct Config {
     pub ingress: IngressConfig,
     pub gateway: GatewayConfig,
     pub worker: WorkerConfig,
+    /// Read by both the gateway and the worker.
+    pub delivery: DeliveryConfig,
     pub outbox: OutboxConfig,
 }
 
@@ -134,6 +138,7 @@ impl Config {
             ingress: IngressConfig::default(),
             gateway: GatewayConfig::default(),
             worker: WorkerConfig::default(),
+            delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
         }
     }
@@ -148,6 +153,7 @@ impl Config {
             Some(("ingress", name)) => self.ingress.set(name, v),
             Some(("gateway", name)) => self.gateway.set(name, v),
             Some(("worker", name)) => self.worker.set(name, v),
+            Some(("delivery", name)) => self.delivery.set(name, v),
             Some(("outbox", name)) => self.outbox.set(name, v),
             Some(_) => Err(SetError::UnknownKey),
         }
@@ -190,6 +196,7 @@ impl Config {
         self.ingress.validate(&mut bad);
         self.gateway.validate(&mut bad);
         self.worker.validate(&mut bad);
+        self.delivery.validate(&mut bad);
         self.outbox.validate(&mut bad);
         if self.outbox.sending_stale_ms <= self.gateway.send_timeout_ms.min(1_000) {
             bad.push("outbox.sending_stale_ms", "must exceed one second");

@@ -75,7 +75,10 @@ pub struct Alias {
 }
 
 /// Old names still accepted.
-pub const ALIASES: &[Alias] = &[];
+pub const ALIASES: &[Alias] = &[
+    // The gateway reads the cap too, so it left the worker's section.
+    Alias { name: "worker.pending_cap", replacement: "delivery.pending_cap" },
+];
 
 /// The environment variable of a dotted key.
 pub fn env_name(key: &str) -> String {
@@ -94,6 +97,7 @@ pub fn keys() -> impl Iterator<Item = &'static Key> {
         super::IngressConfig::KEYS,
         super::GatewayConfig::KEYS,
         super::WorkerConfig::KEYS,
+        super::DeliveryConfig::KEYS,
         super::OutboxConfig::KEYS,
     ]
     .into_iter()
@@ -131,9 +135,13 @@ pub fn markdown_table() -> String {
         let _ = writeln!(out, "| `{}` | `{}` | {default} | {} | {} |", k.env(), k.name, roles.join(", "), k.about);
     }
     for a in ALIASES {
+        let roles = match lookup(a.replacement) {
+            Lookup::Key(k) => k.roles.iter().map(|r| r.name()).collect::<Vec<_>>().join(", "),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "| `{}` | `{}` | | | deprecated: the old name of `{}`, still accepted with a warning |",
+            "| `{}` | `{}` | | {roles} | deprecated old name of `{}`; still applied, with a warning |",
             env_name(a.name),
             a.name,
             a.replacement

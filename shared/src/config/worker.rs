@@ -17,10 +17,6 @@ section! {
         pub migrate_on_start: bool = "true",
         /// How long the serialized frame of a message is kept in Redis (7 days).
         pub message_ttl_s: u64 = "604800",
-        /// Largest pending set per device; past it the oldest entries are dropped.
-        ///
-        /// The device is then marked for a rebuild from MySQL.
-        pub pending_cap: u64 = "10000",
         /// MySQL connections of the worker.
         pub db_pool_size: u32 = "16",
         /// Groups up to this size send `read` frames to every member's devices.
@@ -39,9 +35,6 @@ impl WorkerConfig {
         }
         if self.lease_ttl_ms < 300 {
             bad.push("worker.lease_ttl_ms", "must be at least 300");
-        }
-        if self.pending_cap == 0 {
-            bad.push("worker.pending_cap", "must be positive");
         }
         if self.db_pool_size == 0 {
             bad.push("worker.db_pool_size", "must be positive");
