@@ -24,6 +24,8 @@ use std::net::SocketAddr;
 
 mod cli;
 mod delivery;
+#[cfg(test)]
+mod docs;
 mod gateway;
 mod ingress;
 mod load;
@@ -94,20 +96,25 @@ pub struct Config {
 
 /// The process-wide keys, outside any section.
 pub(crate) const ROOT_KEYS: &[Key] = &[
-    Key::new("mysql_url", "mysql://root@127.0.0.1:3306/herald", BOTH, "MySQL or MariaDB URL"),
-    Key::new("redis_url", "redis://127.0.0.1:6379/0", BOTH, "Redis URL; `redis-cluster://h1:p1,h2:p2` for a cluster"),
-    Key::new("redis_key_prefix", "hd", BOTH, "prefix of every Redis key and channel (clusters may share a Redis)"),
-    Key::new("jwt_secret", "", BOTH, "HS256 key of client tokens; required, at least 16 bytes"),
-    Key::new("listen", "127.0.0.1:8080", GATEWAY, "address of the client API (HTTP and WebSocket)"),
+    Key::new("mysql_url", "mysql://root@127.0.0.1:3306/herald", BOTH, "MySQL or MariaDB URL."),
+    Key::new(
+        "redis_url",
+        "redis://127.0.0.1:6379/0",
+        BOTH,
+        "Redis URL; `redis-cluster://h1:p1,h2:p2` for a Redis Cluster.",
+    ),
+    Key::new("redis_key_prefix", "hd", BOTH, "Prefix of every Redis key and channel; lets clusters share a Redis."),
+    Key::new("jwt_secret", "", BOTH, "HS256 key of client tokens; required, at least 16 bytes."),
+    Key::new("listen", "127.0.0.1:8080", GATEWAY, "Address of the client API (HTTP and WebSocket)."),
     Key::described(
         "admin_listen",
         "gateway `127.0.0.1:9090`, worker `127.0.0.1:9091`",
         BOTH,
-        "address of health, readiness, metrics and the admin API",
+        "Address of health, readiness, metrics and the admin API.",
     ),
-    Key::new("admin_token", "", WORKER, "bearer token of the admin API; empty: the admin API refuses everything"),
-    Key::described("node_id", "generated", BOTH, "this process's name in logs, leases and Redis"),
-    Key::new("log", "info", BOTH, "tracing filter, as in `RUST_LOG` (which wins when set)"),
+    Key::new("admin_token", "", WORKER, "Bearer token of the admin API; empty, the admin API refuses everything."),
+    Key::described("node_id", "generated", BOTH, "This process's name in logs, leases and Redis."),
+    Key::new("log", "info", BOTH, "A tracing filter, as in `RUST_LOG` (which wins when set)."),
 ];
 
 /// The documented default of a process-wide key.

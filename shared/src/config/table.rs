@@ -124,28 +124,26 @@ pub fn lookup(name: &str) -> Lookup {
 
 /// The configuration table of README.md: every key, then the deprecated aliases.
 pub fn markdown_table() -> String {
+    let roles = |roles: &[Role]| roles.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ");
     let mut out = String::from("| variable | key | default | used by | meaning |\n|---|---|---|---|---|\n");
+    let mut row = |cells: [&str; 5]| {
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    };
     for k in keys() {
         let default = match k.default {
             DefaultText::Value("") => String::new(),
             DefaultText::Value(v) => format!("`{v}`"),
             DefaultText::Described(d) => d.to_string(),
         };
-        let roles: Vec<&str> = k.roles.iter().map(|r| r.name()).collect();
-        let _ = writeln!(out, "| `{}` | `{}` | {default} | {} | {} |", k.env(), k.name, roles.join(", "), k.about);
+        row([&format!("`{}`", k.env()), &format!("`{}`", k.name), &default, &roles(k.roles), k.about]);
     }
     for a in ALIASES {
-        let roles = match lookup(a.replacement) {
-            Lookup::Key(k) => k.roles.iter().map(|r| r.name()).collect::<Vec<_>>().join(", "),
+        let used_by = match lookup(a.replacement) {
+            Lookup::Key(k) => roles(k.roles),
             _ => String::new(),
         };
-        let _ = writeln!(
-            out,
-            "| `{}` | `{}` | | {roles} | deprecated old name of `{}`; still applied, with a warning |",
-            env_name(a.name),
-            a.name,
-            a.replacement
-        );
+        let about = format!("Deprecated name of `{}`; applied to it, with a warning.", a.replacement);
+        row([&format!("`{}`", env_name(a.name)), &format!("`{}`", a.name), "", &used_by, &about]);
     }
     out
 }
@@ -303,7 +301,9 @@ mod tests {
         for k in keys() {
             assert!(seen.insert(k.name), "{} twice", k.name);
             assert!(!k.roles.is_empty(), "{} is read by nobody", k.name);
-            assert!(!k.about.is_empty() && !k.about.contains(['\n', '|']), "{}: {:?}", k.name, k.about);
+            assert!(!k.about.contains(['\n', '|']), "{}: one line, no table bars: {:?}", k.name, k.about);
+            let sentence = k.about.starts_with(|c: char| c.is_uppercase()) && k.about.ends_with('.');
+            assert!(sentence, "{}: a sentence, as the others: {:?}", k.name, k.about);
             assert_eq!(key_of_env(&k.env()).as_deref(), Some(k.name));
             assert_eq!(lookup(k.name), Lookup::Key(k));
         }
