@@ -17,12 +17,12 @@
 //!   [`markdown_table`]).
 //! - `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each ([`GatewayConfig`], ...),
 //!   owning its keys, defaults and validation.
-//! - `cli`: the command line ([`Cli`]); `load`: the layers ([`load`]).
+//! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
 
 use std::fmt;
 use std::net::SocketAddr;
 
-mod cli;
+pub mod cli;
 mod delivery;
 #[cfg(test)]
 mod docs;
