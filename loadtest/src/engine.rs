@@ -18,8 +18,8 @@ use herald_shared::error::ErrorCode;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::cli::TargetArgs;
 use crate::integrity::{self, Acked, EventLog, IntegrityReport, Received};
-use crate::Args;
 
 pub fn micros_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
@@ -260,20 +260,13 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn from_args(args: &Args) -> Result<Target> {
-        let local_ips = match args.opt("local-ips") {
-            None => Vec::new(),
-            Some(list) => list
-                .split(',')
-                .map(|ip| ip.trim().parse().with_context(|| format!("--local-ips: {ip:?}")))
-                .collect::<Result<_>>()?,
-        };
+    pub fn from_args(args: &TargetArgs) -> Result<Target> {
         Ok(Target {
-            gateways: args.text("gateways", "http://127.0.0.1:8080").split(',').map(str::to_owned).collect(),
-            tenant: args.text("tenant", "bench"),
-            secret: args.secret()?,
+            gateways: args.gateways.urls.clone(),
+            tenant: args.tenant.clone(),
+            secret: args.secret.get()?,
             run: format!("{:x}", herald_shared::ids::now_ms()),
-            local_ips,
+            local_ips: args.local_ips.clone(),
             http: reqwest::Client::builder().pool_max_idle_per_host(4096).timeout(Duration::from_secs(30)).build()?,
         })
     }

@@ -12,10 +12,10 @@ use futures::future::join_all;
 use herald_shared::device::{Device, DeviceLog};
 use serde_json::{json, Value};
 
+use crate::cli::{self, Traffic};
 use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
 use crate::integrity::IntegrityReport;
 use crate::report::ScenarioReport;
-use crate::Args;
 
 /// The most members a `fanout` group may have.
 const MAX_GROUP: usize = 1000;
@@ -131,21 +131,21 @@ impl std::str::FromStr for Action {
     }
 }
 
-/// Live traffic into `convs` for `duration`, then settle and check. Shared by
-/// `steady`, `fanout` and `chaos`.
+/// Live traffic into `convs` for `duration`, then settle and check; `actions` run on
+/// their time. Shared by `steady`, `fanout` and `chaos`.
 async fn live(
     name: &'static str,
-    args: &Args,
+    traffic: &Traffic,
+    actions: Vec<Action>,
     target: &Target,
     convs: Vec<Conv>,
     kind: &str,
     params: Value,
 ) -> Result<ScenarioReport> {
-    let rate: f64 = args.get("rate", 2000.0)?;
-    let payload: usize = args.get("payload", 100)?;
-    let duration = Duration::from_secs_f64(args.get("duration", 20.0)?);
-    let actions: Vec<Action> = args.all("action").iter().map(|a| a.parse()).collect::<Result<_>>()?;
+    let Traffic { rate, payload, .. } = *traffic;
     ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
+    ensure!(traffic.duration >= 0.0, "--duration must be >= 0");
+    let duration = Duration::from_secs_f64(traffic.duration);
 
     engine::provision(target, &convs, kind).await?;
     let users = receivers(&convs);
@@ -210,34 +210,34 @@ async fn live(
 
 /// `steady`: `--conversations` direct conversations, a device online for each
 /// recipient, `--rate` sends per second over HTTP.
-pub async fn steady(args: &Args) -> Result<ScenarioReport> {
-    let target = Target::from_args(args)?;
-    let n: usize = args.get("conversations", 500)?;
+pub async fn steady(args: &cli::Steady) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let (n, t) = (args.conversations, &args.traffic);
     ensure!(n > 0, "--conversations must be at least 1");
-    let params = json!({"conversations": n, "rate": args.get("rate", 2000.0)?, "duration_s": args.get("duration", 20.0)?, "payload_bytes": args.get("payload", 100)?, "gateways": target.gateways.len()});
-    live("steady", args, &target, pairs(&target, n), "direct", params).await
+    let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
+    live("steady", t, Vec::new(), &target, pairs(&target, n), "direct", params).await
 }
 
 /// `fanout`: `--receivers` devices in groups of `--group` (up to 1 000), one sender
 /// per group, `--rate` sends per second in total.
-pub async fn fanout(args: &Args) -> Result<ScenarioReport> {
-    let target = Target::from_args(args)?;
-    let n: usize = args.get("receivers", 2000)?;
-    let size: usize = args.get("group", 100)?;
+pub async fn fanout(args: &cli::Fanout) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let (n, size, t) = (args.receivers, args.group, &args.traffic);
     ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
     ensure!(n > 0, "--receivers must be at least 1");
-    let params = json!({"receivers": n, "group": size, "rate": args.get("rate", 2000.0)?, "duration_s": args.get("duration", 20.0)?, "payload_bytes": args.get("payload", 100)?, "gateways": target.gateways.len()});
-    live("fanout", args, &target, groups(&target, "", n, size), "group", params).await
+    let params = json!({"receivers": n, "group": size, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
+    live("fanout", t, Vec::new(), &target, groups(&target, "", n, size), "group", params).await
 }
 
 /// `chaos`: `steady` while each `--action SECONDS=COMMAND` runs at its time (kill a
 /// gateway, restart it, kill the worker, ...); the check waits for everyone to catch up.
-pub async fn chaos(args: &Args) -> Result<ScenarioReport> {
-    let target = Target::from_args(args)?;
-    let n: usize = args.get("conversations", 300)?;
-    ensure!(!args.all("action").is_empty(), "chaos needs at least one --action SECONDS=COMMAND");
-    let params = json!({"conversations": n, "rate": args.get("rate", 2000.0)?, "duration_s": args.get("duration", 20.0)?, "actions": args.all("action"), "gateways": target.gateways.len()});
-    live("chaos", args, &target, pairs(&target, n), "direct", params).await
+pub async fn chaos(args: &cli::Chaos) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let (n, t) = (args.conversations, &args.traffic);
+    ensure!(!args.action.is_empty(), "chaos needs at least one --action SECONDS=COMMAND");
+    let actions: Vec<String> = args.action.iter().map(|a| format!("{}={}", a.at, a.command)).collect();
+    let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "actions": actions, "gateways": target.gateways.len()});
+    live("chaos", t, args.action.clone(), &target, pairs(&target, n), "direct", params).await
 }
 
 /// `storm`: `--devices` devices (in groups of `--group`) each get `--backlog`
@@ -245,15 +245,11 @@ pub async fn chaos(args: &Args) -> Result<ScenarioReport> {
 /// conversations keep receiving `--rate` messages per second. The devices were online
 /// once before; `--fresh true` registers them over HTTP instead, so their first session
 /// also restores its pending set from MySQL.
-pub async fn storm(args: &Args) -> Result<ScenarioReport> {
-    let target = Target::from_args(args)?;
-    let n: usize = args.get("devices", 5000)?;
-    let backlog: usize = args.get("backlog", 200)?;
-    let size: usize = args.get("group", 50)?;
-    let rt_pairs: usize = args.get("realtime", 100)?;
-    let rate: f64 = args.get("rate", 200.0)?;
-    let baseline = Duration::from_secs_f64(args.get("baseline", 5.0)?);
-    let fresh: bool = args.get("fresh", false)?;
+pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let cli::Storm { devices: n, backlog, group: size, realtime: rt_pairs, rate, fresh, .. } = *args;
+    ensure!(args.baseline >= 0.0, "--baseline must be >= 0");
+    let baseline = Duration::from_secs_f64(args.baseline);
     ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
     ensure!(n > 0 && backlog > 0 && rt_pairs > 0, "--devices, --backlog and --realtime must be at least 1");
     let params = json!({"devices": n, "backlog": backlog, "group": size, "realtime_conversations": rt_pairs, "realtime_rate": rate, "fresh_devices": fresh, "gateways": target.gateways.len()});
@@ -375,13 +371,11 @@ fn rss_kib(pid: u32) -> Result<u64> {
 /// `idle`: `--connections` idle sessions on one gateway (`--gateway-pid` is measured),
 /// held for `--hold` seconds; then one message into every group of `--group` checks
 /// that every idle session still delivers.
-pub async fn idle(args: &Args) -> Result<ScenarioReport> {
-    let target = Target::from_args(args)?;
-    let n: usize = args.get("connections", 10_000)?;
-    let pid: u32 = args.get("gateway-pid", 0)?;
-    let size: usize = args.get("group", 500)?;
-    let rate: f64 = args.get("connect-rate", 2000.0)?;
-    let hold = Duration::from_secs_f64(args.get("hold", 10.0)?);
+pub async fn idle(args: &cli::Idle) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let cli::Idle { connections: n, gateway_pid: pid, group: size, connect_rate: rate, .. } = *args;
+    ensure!(args.hold >= 0.0, "--hold must be >= 0");
+    let hold = Duration::from_secs_f64(args.hold);
     ensure!(pid > 0, "--gateway-pid is required (the gateway whose memory is measured)");
     ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
     ensure!(rate > 0.0, "--connect-rate must be > 0");

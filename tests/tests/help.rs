@@ -24,3 +24,15 @@ fn the_gateway_and_the_worker_print_their_help() {
         }
     }
 }
+
+#[test]
+fn the_load_test_prints_its_help_and_each_command_s() {
+    let text = help("herald-loadtest", &["--help"]);
+    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "sends", "probe", "report", "token"] {
+        assert!(text.contains(cmd), "{cmd} missing from:\n{text}");
+    }
+    let text = help("herald-loadtest", &["chaos", "--help"]);
+    for option in ["--action <SECONDS=COMMAND>", "--rate", "--gateways", "--secret"] {
+        assert!(text.contains(option), "{option} missing from:\n{text}");
+    }
+}
