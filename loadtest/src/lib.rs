@@ -5,7 +5,8 @@
 //! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`.
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).
 //! - [`probe`]: the canary between probe accounts, with `herald_probe_*` metrics.
-//! - [`engine`]: provisioning, senders, the recorder and progress display.
+//! - [`engine`]: provisioning, devices, senders, settling and the check.
+//! - [`recorder`]: histograms, per-tick series and the progress line.
 //! - [`integrity`]: the check (tested on doctored logs).
 //! - [`report`]: JSON, Markdown, SVG charts and the capacity report.
 
@@ -13,6 +14,7 @@ pub mod cli;
 pub mod engine;
 pub mod integrity;
 pub mod probe;
+pub mod recorder;
 pub mod report;
 pub mod scenarios;
 pub mod sends;
