@@ -205,9 +205,6 @@ impl Config {
         self.worker.validate(&mut bad);
         self.delivery.validate(&mut bad);
         self.outbox.validate(&mut bad);
-        if self.outbox.sending_stale_ms <= self.gateway.send_timeout_ms.min(1_000) {
-            bad.push("outbox.sending_stale_ms", "must exceed one second");
-        }
     }
 }
 
