@@ -1,4 +1,4 @@
-//! The command line every Herald process shares: configuration flags, commands and
+//! The command line the gateway and the worker share: configuration flags, commands and
 //! `--help`.
 
 use std::fmt::{self, Write as _};

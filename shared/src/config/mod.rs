@@ -15,8 +15,8 @@
 //!   [`Config`] that holds every section.
 //! - `table`: the key table behind the loader and the documentation ([`keys`],
 //!   [`markdown_table`]).
-//! - `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each ([`GatewayConfig`], ...),
-//!   owning its keys, defaults and validation.
+//! - `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each
+//!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
 //! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
 
 use std::fmt;
@@ -95,7 +95,7 @@ pub struct Config {
 }
 
 /// The process-wide keys, outside any section.
-pub(crate) const ROOT_KEYS: &[Key] = &[
+const ROOT_KEYS: &[Key] = &[
     Key::new("mysql_url", "mysql://root@127.0.0.1:3306/herald", BOTH, "MySQL or MariaDB URL."),
     Key::new(
         "redis_url",
@@ -220,10 +220,10 @@ pub enum SetError {
 }
 
 /// Collects validation problems, each naming its key.
-pub(crate) struct Problems<'a>(&'a mut Vec<ConfigError>);
+struct Problems<'a>(&'a mut Vec<ConfigError>);
 
 impl Problems<'_> {
-    pub(crate) fn push(&mut self, key: &str, message: &str) {
+    fn push(&mut self, key: &str, message: &str) {
         self.0.push(ConfigError { key: key.into(), message: message.into() });
     }
 }
@@ -258,7 +258,7 @@ impl std::error::Error for ConfigErrors {}
 
 /// Test helpers shared by the sections' tests.
 #[cfg(test)]
-pub(crate) mod testing {
+mod testing {
     use std::collections::BTreeMap;
 
     pub const SECRET: (&str, &str) = ("HERALD_JWT_SECRET", "0123456789abcdef");

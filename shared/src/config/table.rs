@@ -25,6 +25,7 @@ pub(super) const BOTH: &[Role] = &[Role::Gateway, Role::Worker];
 pub struct Key {
     /// The dotted name (`outbox.max_attempts`), as in `--set` and the TOML file.
     pub name: &'static str,
+    /// The default, as README.md and `--help` show it.
     pub default: DefaultText,
     /// The processes that read it.
     pub roles: &'static [Role],
@@ -70,7 +71,9 @@ impl Key {
 /// each use in [`Cli::deprecated`](super::Cli::deprecated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alias {
+    /// The old dotted name.
     pub name: &'static str,
+    /// The key it sets.
     pub replacement: &'static str,
 }
 
@@ -104,7 +107,7 @@ pub fn keys() -> impl Iterator<Item = &'static Key> {
     .flatten()
 }
 
-/// What a dotted name refers to.
+/// What a dotted name refers to: a key, a deprecated name of one, or nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
     Key(&'static Key),
@@ -112,6 +115,7 @@ pub enum Lookup {
     Unknown,
 }
 
+/// Looks a dotted name up in the key table, then among the deprecated names.
 pub fn lookup(name: &str) -> Lookup {
     if let Some(k) = keys().find(|k| k.name == name) {
         Lookup::Key(k)
