@@ -20,7 +20,7 @@ use herald_shared::protocol::{AckFrame, ClientFrame, SendFrame, ServerFrame};
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::Args;
+use crate::cli;
 
 /// What one side expects from the other: numbers sent and not yet seen.
 /// What the probe writes into each message's body.
@@ -37,15 +37,14 @@ struct Expect {
     highest: u64,
 }
 
-pub async fn probe(args: &Args) -> Result<()> {
-    let gateways: Vec<String> = args.text("gateways", "http://127.0.0.1:8080").split(',').map(str::to_owned).collect();
-    let tenant = args.text("tenant", "probe");
-    let interval = Duration::from_millis(args.get("interval-ms", 1000)?);
-    let loss_after = Duration::from_millis(args.get("loss-after-ms", 30_000)?);
-    let duration: u64 = args.get("duration", 0)?;
-    let listen: std::net::SocketAddr = args.text("listen", "127.0.0.1:9099").parse()?;
-    let secret = args.secret()?;
-    let name = args.text("name", "canary");
+pub async fn probe(args: &cli::Probe) -> Result<()> {
+    let gateways = args.gateways.urls.clone();
+    let tenant = &args.tenant;
+    let interval = Duration::from_millis(args.interval_ms);
+    let loss_after = Duration::from_millis(args.loss_after_ms);
+    let (duration, listen) = (args.duration, args.listen);
+    let secret = args.secret.get()?;
+    let name = &args.name;
     let (a, b) = (format!("{name}-a"), format!("{name}-b"));
     let conv = format!("probe-{name}");
 
@@ -56,7 +55,7 @@ pub async fn probe(args: &Args) -> Result<()> {
     eprintln!("probe metrics on http://{}/metrics", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let tok = |user: &str| token(&secret, &tenant, user, "probe", Platform::Probe);
+    let tok = |user: &str| token(&secret, tenant, user, "probe", Platform::Probe);
     HttpClient::new(gateways[0].clone(), tok(&a)).create_conversation(Some(&conv), "direct", &[&a, &b]).await?;
     ready.set_dependencies(true);
 

@@ -5,25 +5,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use hdrhistogram::Histogram;
 use herald_client::{token, HttpClient};
 use herald_shared::auth::Platform;
 use serde_json::json;
 
-use crate::Args;
+use crate::cli;
 
 /// Durable 1:1 sends: `conversations` direct conversations between pairs of users;
 /// `senders` concurrent devices each sending in a closed loop (next send after the
 /// `200`), spread over the gateways.
-pub async fn sends(args: &Args) -> Result<()> {
-    let gateways: Vec<String> = args.text("gateways", "http://127.0.0.1:8080").split(',').map(str::to_owned).collect();
-    let tenant = args.text("tenant", "bench");
-    let conversations: usize = args.get("conversations", 200)?;
-    let senders: usize = args.get("senders", 200)?;
-    let duration = Duration::from_secs(args.get("duration", 20)?);
-    let payload: usize = args.get("payload", 100)?;
-    let secret = args.secret()?;
+pub async fn sends(args: &cli::Sends) -> Result<()> {
+    let gateways = &args.gateways.urls;
+    let tenant = &args.tenant;
+    let cli::Sends { conversations, senders, payload, .. } = *args;
+    ensure!(conversations > 0 && senders > 0, "--conversations and --senders must be at least 1");
+    let duration = Duration::from_secs(args.duration);
+    let secret = args.secret.get()?;
     let run = format!("{:x}", herald_shared::ids::now_ms());
     let http =
         reqwest::Client::builder().pool_max_idle_per_host(senders + 16).timeout(Duration::from_secs(30)).build()?;
@@ -31,7 +30,7 @@ pub async fn sends(args: &Args) -> Result<()> {
         HttpClient::with_http(
             http.clone(),
             gateways[gw % gateways.len()].clone(),
-            token(&secret, &tenant, user, dev, Platform::Server),
+            token(&secret, tenant, user, dev, Platform::Server),
         )
     };
 
@@ -107,7 +106,7 @@ pub async fn sends(args: &Args) -> Result<()> {
         "send_ack_ms": { "p50": ms(0.5), "p95": ms(0.95), "p99": ms(0.99), "max": h.max() as f64 / 1000.0 },
     });
     println!("{}", serde_json::to_string_pretty(&summary)?);
-    if let Some(path) = args.opt("json") {
+    if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&summary)?)?;
     }
     Ok(())

@@ -81,7 +81,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         redis.clone(),
         keys.clone(),
         cfg.worker.message_ttl_s,
-        cfg.worker.pending_cap,
+        cfg.delivery.pending_cap,
     ));
     let outbox = Arc::new(Outbox::new(db.clone(), cfg.outbox.clone()));
     // Sized for a few seconds of batches; when full, events stay PENDING for the dispatcher.

@@ -1,12 +1,29 @@
-//! `herald-worker [run | migrate | rebuild-projections [--dry-run]] [--config FILE] [--set key=value ...]`
+//! `herald-worker [run | migrate | rebuild-projections [--dry-run]] [--config FILE] [--set key=value ...]`;
+//! `--help` lists every option.
 
 use std::process::ExitCode;
 
+use herald_shared::config::cli::{help_requested, usage, Command};
 use herald_shared::config::{load, ProcessEnv, Role};
+
+const ABOUT: &str = "commits sends to MySQL in batches, fans them out into Redis and runs the outbox.";
+
+const COMMANDS: &[Command] = &[
+    Command { usage: "run", about: "Own ingress shards, commit, fan out and dispatch the outbox (the default)." },
+    Command { usage: "migrate", about: "Apply the MySQL schema, then exit." },
+    Command {
+        usage: "rebuild-projections [--dry-run]",
+        about: "Recompute conversation positions from the messages and repair drift; --dry-run only reports it.",
+    },
+];
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if help_requested(&argv) {
+        print!("{}", usage("herald-worker", Role::Worker, ABOUT, COMMANDS));
+        return ExitCode::SUCCESS;
+    }
     let (cfg, cli) = match load(Role::Worker, &argv, &ProcessEnv) {
         Ok(c) => c,
         Err(e) => {
@@ -18,6 +35,9 @@ async fn main() -> ExitCode {
     for var in &cli.ignored_env {
         tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
     }
+    for old in &cli.deprecated {
+        tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
+    }
     let result = match cli.args.first().map(String::as_str) {
         None | Some("run") => herald_worker::run(cfg, herald_shared::telemetry::shutdown_signal()).await,
         Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),
@@ -26,7 +46,7 @@ async fn main() -> ExitCode {
             herald_worker::rebuild_projections(&cfg, dry_run).await.map(|_| ())
         }
         Some(other) => {
-            eprintln!("unknown command {other:?}; expected `run`, `migrate` or `rebuild-projections [--dry-run]`");
+            eprintln!("unknown command {other:?}; expected `run`, `migrate` or `rebuild-projections [--dry-run]` (see herald-worker --help)");
             return ExitCode::from(2);
         }
     };

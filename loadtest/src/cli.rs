@@ -1,0 +1,426 @@
+//! The command line of `herald-loadtest`, parsed by clap: one subcommand per scenario or
+//! tool, each option with its type and default, so `--help` is generated and a mistyped
+//! option is refused rather than silently left at its default.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+use herald_shared::auth::Platform;
+
+use crate::scenarios::Action;
+
+const AFTER_HELP: &str = "\
+Each scenario shows progress, ends with the integrity check and writes <out>/<scenario>.json,
+.md and SVG charts; its exit status is 1 when the integrity check fails, 2 on other errors.
+An option given twice takes its last value (--action adds one each time).
+`herald-loadtest COMMAND --help` lists a command's options and their defaults.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "herald-loadtest",
+    version,
+    about = "Herald's load-test suite: scenarios against a running cluster, the canary and the capacity report",
+    after_help = AFTER_HELP,
+    args_override_self = true,
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Direct conversations, a device online per recipient, sends over HTTP at --rate msg/s.
+    Steady(Steady),
+    /// Groups of --group members online, one sender per group.
+    Fanout(Fanout),
+    /// Devices with a backlog reconnect at once while realtime conversations keep receiving.
+    Storm(Storm),
+    /// `steady` while each --action SECONDS=COMMAND runs (kill a gateway, restart it, ...).
+    Chaos(Chaos),
+    /// Idle sessions on one gateway: its memory per connection, and that they still deliver.
+    Idle(Idle),
+    /// Durable 1:1 sends over HTTP at full speed (closed loop): throughput and send-ack latency.
+    Sends(Sends),
+    /// The canary between two probe accounts, exporting herald_probe_* metrics.
+    Probe(Probe),
+    /// The capacity report from the scenario reports in --dir, next to DESIGN.md's targets.
+    Report(Report),
+    /// A client token for --user and --device, printed (for curl and wscat).
+    Token(Token),
+}
+
+/// The JWT secret: `--secret`, or the `HERALD_JWT_SECRET` environment variable.
+#[derive(Debug, Clone, Args)]
+pub struct Secret {
+    /// HS256 secret of client tokens [default: $HERALD_JWT_SECRET].
+    #[arg(long = "secret", value_name = "S")]
+    value: Option<String>,
+}
+
+impl Secret {
+    pub fn get(&self) -> Result<String, NoSecret> {
+        self.value.clone().or_else(|| std::env::var("HERALD_JWT_SECRET").ok()).ok_or(NoSecret)
+    }
+}
+
+/// Neither `--secret` nor `HERALD_JWT_SECRET` was given.
+#[derive(Debug)]
+pub struct NoSecret;
+
+impl fmt::Display for NoSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("--secret or HERALD_JWT_SECRET is required")
+    }
+}
+
+impl std::error::Error for NoSecret {}
+
+/// Gateway base URLs, comma-separated.
+#[derive(Debug, Clone, Args)]
+pub struct Gateways {
+    /// Gateway base URLs, comma-separated; work is spread over them.
+    #[arg(long = "gateways", value_name = "URL,...", value_delimiter = ',', action = ArgAction::Set,
+          default_value = "http://127.0.0.1:8080")]
+    pub urls: Vec<String>,
+}
+
+/// Where a scenario runs, as whom, and where its report goes.
+#[derive(Debug, Clone, Args)]
+pub struct TargetArgs {
+    #[command(flatten)]
+    pub gateways: Gateways,
+    /// Tenant of the scenario's users.
+    #[arg(long, default_value = "bench")]
+    pub tenant: String,
+    #[command(flatten)]
+    pub secret: Secret,
+    /// Directory of the reports.
+    #[arg(long, value_name = "DIR", default_value = "loadtest-reports")]
+    pub out: PathBuf,
+    /// Loopback addresses devices connect from, in turn (more ports than one address has).
+    #[arg(long, value_name = "IP,...", value_delimiter = ',', action = ArgAction::Set)]
+    pub local_ips: Vec<IpAddr>,
+}
+
+/// Options `sends` and `probe` accept because every command once shared them; unused.
+#[derive(Debug, Clone, Args)]
+pub struct Unused {
+    #[arg(long, hide = true)]
+    out: Option<String>,
+    #[arg(long, hide = true)]
+    local_ips: Option<String>,
+}
+
+/// Live traffic: how fast, how long, how big.
+#[derive(Debug, Clone, Args)]
+pub struct Traffic {
+    /// Sends per second in total; 0 sends as fast as acknowledgements come back.
+    #[arg(long, default_value_t = 2000.0)]
+    pub rate: f64,
+    /// Seconds of sending.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20.0)]
+    pub duration: f64,
+    /// Message body size in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 100)]
+    pub payload: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Steady {
+    /// Direct conversations, each with a device online for its recipient.
+    #[arg(long, default_value_t = 500)]
+    pub conversations: usize,
+    #[command(flatten)]
+    pub traffic: Traffic,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Fanout {
+    /// Receiving devices, all online.
+    #[arg(long, default_value_t = 2000)]
+    pub receivers: usize,
+    /// Members per group (at most 1000).
+    #[arg(long, default_value_t = 100)]
+    pub group: usize,
+    #[command(flatten)]
+    pub traffic: Traffic,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Storm {
+    /// Devices that reconnect at once.
+    #[arg(long, default_value_t = 5000)]
+    pub devices: usize,
+    /// Messages each device gets while offline.
+    #[arg(long, default_value_t = 200)]
+    pub backlog: usize,
+    /// Members per group of the storm's devices (at most 1000).
+    #[arg(long, default_value_t = 50)]
+    pub group: usize,
+    /// Direct conversations that keep receiving realtime messages.
+    #[arg(long, default_value_t = 100)]
+    pub realtime: usize,
+    /// Realtime messages per second in total.
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
+    /// Seconds of realtime traffic measured before the storm.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub baseline: f64,
+    /// true: the devices never connected before and are registered over HTTP, so their
+    /// first session also restores its pending set from MySQL.
+    #[arg(long, value_name = "BOOL", action = ArgAction::Set, default_value_t = false)]
+    pub fresh: bool,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Chaos {
+    /// A shell command run SECONDS after sending starts; repeat for more.
+    #[arg(long, value_name = "SECONDS=COMMAND", required = true)]
+    pub action: Vec<Action>,
+    /// Direct conversations, each with a device online for its recipient.
+    #[arg(long, default_value_t = 300)]
+    pub conversations: usize,
+    #[command(flatten)]
+    pub traffic: Traffic,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Idle {
+    /// The gateway whose memory is measured (the first of --gateways).
+    #[arg(long, value_name = "PID")]
+    pub gateway_pid: u32,
+    /// Idle sessions to open.
+    #[arg(long, default_value_t = 10_000)]
+    pub connections: usize,
+    /// Members per group (at most 1000); one message into every group checks delivery.
+    #[arg(long, default_value_t = 500)]
+    pub group: usize,
+    /// Sessions opened per second.
+    #[arg(long, default_value_t = 2000.0)]
+    pub connect_rate: f64,
+    /// Seconds the sessions are held idle.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub hold: f64,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Sends {
+    #[command(flatten)]
+    pub gateways: Gateways,
+    /// Tenant of the senders.
+    #[arg(long, default_value = "bench")]
+    pub tenant: String,
+    #[command(flatten)]
+    pub secret: Secret,
+    /// Direct conversations between pairs of users.
+    #[arg(long, default_value_t = 200)]
+    pub conversations: usize,
+    /// Concurrent senders, each sending its next message after the previous `200`.
+    #[arg(long, default_value_t = 200)]
+    pub senders: usize,
+    /// Seconds of sending.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20)]
+    pub duration: u64,
+    /// Message body size in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 100)]
+    pub payload: usize,
+    /// Also write the summary to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub unused: Unused,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Probe {
+    #[command(flatten)]
+    pub gateways: Gateways,
+    /// Tenant of the probe accounts.
+    #[arg(long, default_value = "probe")]
+    pub tenant: String,
+    #[command(flatten)]
+    pub secret: Secret,
+    /// Names the probe accounts (NAME-a, NAME-b) and their conversation.
+    #[arg(long, default_value = "canary")]
+    pub name: String,
+    /// Milliseconds between the messages of each side.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval_ms: u64,
+    /// A message not received within this many milliseconds counts as lost.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub loss_after_ms: u64,
+    /// Address of the probe's /metrics and /readyz.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9099")]
+    pub listen: SocketAddr,
+    /// Seconds to run; 0 runs forever.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub duration: u64,
+    #[command(flatten)]
+    pub unused: Unused,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Report {
+    /// Directory of the scenario reports (<scenario>.json).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The capacity report to write.
+    #[arg(long, value_name = "FILE", default_value = "docs/capacity-report.md")]
+    pub out: PathBuf,
+    /// The machine the numbers come from, as the report names it.
+    #[arg(long, value_name = "TEXT", default_value = "not recorded")]
+    pub machine: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Token {
+    /// The user the token is for.
+    #[arg(long)]
+    pub user: String,
+    /// The user's device.
+    #[arg(long)]
+    pub device: String,
+    #[arg(long, default_value = "acme")]
+    pub tenant: String,
+    /// ios, android, web, desktop, server or probe.
+    #[arg(long, default_value = "ios", value_parser = platform)]
+    pub platform: Platform,
+    #[command(flatten)]
+    pub secret: Secret,
+}
+
+fn platform(s: &str) -> Result<Platform, String> {
+    serde_json::from_value(serde_json::Value::String(s.into())).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(words: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("herald-loadtest").chain(words.iter().copied())).map(|c| c.command)
+    }
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn actions_repeat_other_options_take_their_last_value() {
+        let Command::Chaos(c) =
+            parse(&["chaos", "--action", "1=a", "--action", "2=b c", "--rate", "5", "--rate", "7"]).unwrap()
+        else {
+            panic!("chaos")
+        };
+        let actions: Vec<(f64, &str)> = c.action.iter().map(|a| (a.at, a.command.as_str())).collect();
+        assert_eq!(actions, [(1.0, "a"), (2.0, "b c")]);
+        assert_eq!((c.traffic.rate, c.conversations), (7.0, 300));
+        let Command::Steady(s) =
+            parse(&["steady", "--gateways", "http://a,http://b", "--gateways", "http://c"]).unwrap()
+        else {
+            panic!("steady")
+        };
+        assert_eq!(s.target.gateways.urls, ["http://c"]);
+    }
+
+    #[test]
+    fn typos_missing_values_and_bad_numbers_are_refused() {
+        for words in [
+            &["steady", "--rat", "5"][..],
+            &["steady", "--rate"],
+            &["steady", "--conversations", "-1"],
+            &["chaos", "--rate", "5"],
+            &["chaos", "--action", "soon=x"],
+            &["idle"],
+            &["storm", "--fresh", "maybe"],
+            &["token", "--user", "u"],
+            &["report"],
+            &["probe", "--interval-ms", "0"],
+            &["nope"],
+        ] {
+            assert!(parse(words).is_err(), "{words:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let Command::Storm(s) = parse(&["storm"]).unwrap() else { panic!("storm") };
+        assert_eq!(
+            (s.devices, s.backlog, s.group, s.realtime, s.rate, s.baseline, s.fresh),
+            (5000, 200, 50, 100, 200.0, 5.0, false)
+        );
+        assert_eq!(s.target.gateways.urls, ["http://127.0.0.1:8080"]);
+        assert_eq!((s.target.tenant.as_str(), s.target.out.to_str()), ("bench", Some("loadtest-reports")));
+        let Command::Probe(p) = parse(&["probe"]).unwrap() else { panic!("probe") };
+        assert_eq!(
+            (p.tenant.as_str(), p.name.as_str(), p.interval_ms, p.loss_after_ms),
+            ("probe", "canary", 1000, 30_000)
+        );
+        assert_eq!((p.listen.to_string(), p.duration), ("127.0.0.1:9099".to_string(), 0));
+        let Command::Report(r) = parse(&["report", "--dir", "d"]).unwrap() else { panic!("report") };
+        assert_eq!((r.out.to_str(), r.machine.as_str()), (Some("docs/capacity-report.md"), "not recorded"));
+    }
+
+    /// The command lines of scripts/capacity.sh, scripts/run.sh, the Helm chart's probe
+    /// and tests/tests/{loadtest,probe}.rs.
+    #[test]
+    fn the_callers_command_lines_parse() {
+        let tail = ["--gateways", "http://127.0.0.1:8180,http://127.0.0.1:8181", "--out", "docs/capacity"];
+        for line in [
+            "steady --conversations 200 --rate 5000 --duration 30",
+            "fanout --receivers 4000 --group 200 --rate 0 --duration 30",
+            "storm --devices 5000 --backlog 200 --group 50 --realtime 100 --rate 200 --baseline 5",
+            "idle --connections 18000 --hold 10 --connect-rate 3000 --gateway-pid 42",
+            "chaos --conversations 300 --rate 1000 --duration 40 --action 4=x --action 8=y",
+            "steady --conversations 20 --rate 200 --duration 3 --tenant lt",
+            "storm --devices 60 --backlog 20 --group 30 --realtime 4 --rate 20 --baseline 1 --fresh true",
+            "idle --connections 150 --group 50 --hold 1 --gateway-pid 7 --local-ips 127.0.0.1,127.0.0.2",
+        ] {
+            let words: Vec<&str> = line.split(' ').chain(tail).collect();
+            parse(&words).unwrap_or_else(|e| panic!("{line}: {e}"));
+        }
+        for line in [
+            "report --dir docs/capacity --out docs/capacity-report.md --machine 2-cores",
+            "token --secret s --tenant acme --user alice --device phone",
+            "probe --gateways http://gw:80 --tenant probe --name herald --interval-ms 1000 --loss-after-ms 30000 --listen 0.0.0.0:9099",
+            "probe --gateways http://a,http://b --interval-ms 100 --duration 30 --listen 127.0.0.1:1",
+            "sends --gateways http://a,http://b --conversations 10 --senders 10 --duration 1 --json x.json",
+        ] {
+            parse(&line.split(' ').collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{line}: {e}"));
+        }
+    }
+
+    #[test]
+    fn help_lists_every_command_and_a_command_s_options() {
+        let help = Cli::command().render_long_help().to_string();
+        for cmd in ["steady", "fanout", "storm", "chaos", "idle", "sends", "probe", "report", "token"] {
+            assert!(help.contains(cmd), "{cmd} missing from:\n{help}");
+        }
+        let mut cli = Cli::command();
+        let storm = cli.find_subcommand_mut("storm").unwrap().render_long_help().to_string();
+        for option in ["--devices", "--backlog", "--fresh", "--gateways", "--secret", "--local-ips", "[default: 5000]"]
+        {
+            assert!(storm.contains(option), "{option} missing from:\n{storm}");
+        }
+        let Err(e) = parse(&["--help"]) else { panic!("--help is not a command") };
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+    }
+}

@@ -1,0 +1,245 @@
+//! The recorder of a scenario: HDR histograms for the whole run and per-tick series,
+//! counters shared by senders and devices, and the progress line.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use herald_client::device::{Observer, Via};
+use herald_shared::protocol::Message;
+use serde::Serialize;
+
+pub fn micros_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds")
+}
+
+/// p50/p95/p99/max in milliseconds.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Pct {
+    pub count: u64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Pct {
+    pub fn of(h: &Histogram<u64>) -> Pct {
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        Pct { count: h.len(), p50: ms(0.5), p95: ms(0.95), p99: ms(0.99), max: h.max() as f64 / 1000.0 }
+    }
+}
+
+/// One sample of the run, every `tick`.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Tick {
+    pub t_s: f64,
+    pub sends_per_s: f64,
+    pub deliveries_per_s: f64,
+    pub backlog_delivered: u64,
+    pub send_ack_p99_ms: f64,
+    pub realtime_p50_ms: f64,
+    pub realtime_p99_ms: f64,
+    pub online: i64,
+    pub note: Option<String>,
+}
+
+/// A latency histogram for the whole run and one for the current tick.
+struct Hist {
+    total: Histogram<u64>,
+    window: Histogram<u64>,
+}
+
+impl Hist {
+    fn new() -> Mutex<Hist> {
+        Mutex::new(Hist { total: histogram(), window: histogram() })
+    }
+
+    fn record(&mut self, micros: u64) {
+        let v = micros.max(1);
+        let _ = self.total.record(v);
+        let _ = self.window.record(v);
+    }
+}
+
+/// Counters and histograms shared by senders, devices and the progress display.
+pub struct Recorder {
+    started: Instant,
+    pub sends: AtomicU64,
+    pub send_errors: AtomicU64,
+    pub delivered: AtomicU64,
+    pub backlog_delivered: AtomicU64,
+    pub caught_up: AtomicU64,
+    pub online: AtomicI64,
+    send_ack: Mutex<Hist>,
+    realtime: Mutex<Hist>,
+    backlog: Mutex<Hist>,
+    catch_up: Mutex<Histogram<u64>>,
+    series: Mutex<Vec<Tick>>,
+    notes: Mutex<Vec<String>>,
+}
+
+impl Recorder {
+    pub fn new() -> Arc<Recorder> {
+        Arc::new(Recorder {
+            started: Instant::now(),
+            sends: AtomicU64::new(0),
+            send_errors: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            backlog_delivered: AtomicU64::new(0),
+            caught_up: AtomicU64::new(0),
+            online: AtomicI64::new(0),
+            send_ack: Hist::new(),
+            realtime: Hist::new(),
+            backlog: Hist::new(),
+            catch_up: Mutex::new(histogram()),
+            series: Mutex::new(Vec::new()),
+            notes: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn send_acked(&self, took: Duration) {
+        self.sends.fetch_add(1, Ordering::Relaxed);
+        self.send_ack.lock().expect("histogram").record(took.as_micros() as u64);
+    }
+
+    /// A line in the series at the next tick (chaos actions, phase changes).
+    pub fn note(&self, text: impl Into<String>) {
+        let text = text.into();
+        eprintln!("[{:>6.1}s] {text}", self.elapsed().as_secs_f64());
+        self.notes.lock().expect("notes").push(text);
+    }
+
+    pub fn send_ack(&self) -> Pct {
+        Pct::of(&self.send_ack.lock().expect("histogram").total)
+    }
+    pub fn realtime(&self) -> Pct {
+        Pct::of(&self.realtime.lock().expect("histogram").total)
+    }
+    pub fn backlog(&self) -> Pct {
+        Pct::of(&self.backlog.lock().expect("histogram").total)
+    }
+    pub fn catch_up(&self) -> Pct {
+        Pct::of(&self.catch_up.lock().expect("histogram"))
+    }
+    pub fn series(&self) -> Vec<Tick> {
+        self.series.lock().expect("series").clone()
+    }
+
+    /// Realtime delivery latency of the ticks in `[from, to)` seconds (from the per-tick
+    /// p99s: the worst tick's p99 is reported).
+    pub fn realtime_p99_between(&self, from: f64, to: f64) -> f64 {
+        self.series
+            .lock()
+            .expect("series")
+            .iter()
+            .filter(|t| t.t_s > from && t.t_s <= to + 1e-9)
+            .map(|t| t.realtime_p99_ms)
+            .fold(0.0, f64::max)
+    }
+
+    /// Samples the counters every `every` and prints a progress line about once a
+    /// second, until `stop`.
+    pub fn monitor(
+        self: &Arc<Self>,
+        label: &'static str,
+        every: Duration,
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let rec = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            let (mut sends, mut delivered) = (0u64, 0u64);
+            let mut printed = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let secs = every.as_secs_f64();
+                let (s, d) = (rec.sends.load(Ordering::Relaxed), rec.delivered.load(Ordering::Relaxed));
+                let window = |h: &Mutex<Hist>, q: &[f64]| {
+                    let mut h = h.lock().expect("histogram");
+                    let out: Vec<f64> = q.iter().map(|q| h.window.value_at_quantile(*q) as f64 / 1000.0).collect();
+                    h.window.reset();
+                    out
+                };
+                let ack = window(&rec.send_ack, &[0.99]);
+                let rt = window(&rec.realtime, &[0.5, 0.99]);
+                let notes = std::mem::take(&mut *rec.notes.lock().expect("notes"));
+                let t = Tick {
+                    t_s: rec.elapsed().as_secs_f64(),
+                    sends_per_s: (s - sends) as f64 / secs,
+                    deliveries_per_s: (d - delivered) as f64 / secs,
+                    backlog_delivered: rec.backlog_delivered.load(Ordering::Relaxed),
+                    send_ack_p99_ms: ack[0],
+                    realtime_p50_ms: rt[0],
+                    realtime_p99_ms: rt[1],
+                    online: rec.online.load(Ordering::Relaxed),
+                    note: (!notes.is_empty()).then(|| notes.join("; ")),
+                };
+                (sends, delivered) = (s, d);
+                if printed.elapsed() >= Duration::from_millis(990) {
+                    printed = Instant::now();
+                    eprintln!(
+                        "[{:>6.1}s] {label}: sends {:>6.0}/s (ack p99 {:>6.1} ms, errors {})  deliveries {:>7.0}/s (realtime p99 {:>6.1} ms)  backlog delivered {}  online {}",
+                        t.t_s,
+                        t.sends_per_s,
+                        t.send_ack_p99_ms,
+                        rec.send_errors.load(Ordering::Relaxed),
+                        t.deliveries_per_s,
+                        t.realtime_p99_ms,
+                        t.backlog_delivered,
+                        t.online,
+                    );
+                }
+                rec.series.lock().expect("series").push(t);
+            }
+        })
+    }
+}
+
+/// When the load-test sent a message (`t0` in its body, microseconds).
+fn sent_at(msg: &Message) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        t0: Option<u64>,
+    }
+    serde_json::from_str::<Body>(msg.body.get()).ok().and_then(|b| b.t0)
+}
+
+impl Observer for Recorder {
+    fn message(&self, msg: &Message, via: Via, into_session: Duration) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        let age = sent_at(msg).map(|t0| micros_now().saturating_sub(t0));
+        match via {
+            Via::Realtime => {
+                if let Some(age) = age {
+                    self.realtime.lock().expect("histogram").record(age);
+                }
+            }
+            Via::Backlog | Via::Sync => {
+                self.backlog_delivered.fetch_add(1, Ordering::Relaxed);
+                // Backlog latency counts from when the device came back, not from the send.
+                let since = into_session.as_micros() as u64;
+                self.backlog.lock().expect("histogram").record(age.map_or(since, |a| a.min(since)));
+            }
+        }
+    }
+
+    fn caught_up(&self, after: Duration) {
+        self.caught_up.fetch_add(1, Ordering::Relaxed);
+        let _ = self.catch_up.lock().expect("histogram").record((after.as_micros() as u64).max(1));
+    }
+
+    fn online(&self, up: bool) {
+        self.online.fetch_add(if up { 1 } else { -1 }, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,247 @@
+//! The scenarios: `steady` (direct conversations at a target rate), `fanout` (groups),
+//! `storm` (a reconnect storm with backlog while realtime continues), `chaos` (steady
+//! load while given commands kill and restart processes) and `idle` (memory per idle
+//! connection). Each ends with the integrity check and returns a [`ScenarioReport`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use futures::future::join_all;
+use herald_client::device::{Device, DeviceLog};
+use serde_json::{json, Value};
+
+use crate::cli::{self, Traffic};
+use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
+use crate::integrity::IntegrityReport;
+use crate::report::ScenarioReport;
+
+mod idle;
+mod storm;
+
+pub use idle::idle;
+pub use storm::storm;
+
+/// The most members a `fanout` group may have.
+const MAX_GROUP: usize = 1000;
+
+fn pairs(target: &Target, n: usize) -> Vec<Conv> {
+    (0..n)
+        .map(|k| Conv {
+            id: target.user(&format!("c{k}")),
+            sender: target.user(&format!("a{k}")),
+            receivers: vec![target.user(&format!("b{k}"))],
+        })
+        .collect()
+}
+
+fn groups(target: &Target, tag: &str, members: usize, size: usize) -> Vec<Conv> {
+    (0..members.div_ceil(size))
+        .map(|g| Conv {
+            id: target.user(&format!("{tag}g{g}")),
+            sender: target.user(&format!("{tag}s{g}")),
+            receivers: (g * size..((g + 1) * size).min(members)).map(|i| target.user(&format!("{tag}r{i}"))).collect(),
+        })
+        .collect()
+}
+
+fn receivers(convs: &[Conv]) -> Vec<String> {
+    convs.iter().flat_map(|c| c.receivers.iter().cloned()).collect()
+}
+
+/// Connects one device per user and waits until all of them are caught up.
+async fn connect(
+    target: &Target,
+    users: &[String],
+    rec: &Arc<Recorder>,
+    offset: usize,
+) -> Result<Vec<(String, Device)>> {
+    let before = rec.caught_up.load(Ordering::Relaxed);
+    let devices: Vec<(String, Device)> =
+        users.iter().enumerate().map(|(i, u)| (u.clone(), target.device(offset + i, u, rec))).collect();
+    let started = Instant::now();
+    while rec.caught_up.load(Ordering::Relaxed) < before + users.len() as u64 {
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "only {} of {} devices caught up within 120 s",
+            rec.caught_up.load(Ordering::Relaxed) - before,
+            users.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(devices)
+}
+
+/// Catch-up times of every session after a device's first (its reconnects).
+fn reconnect_catch_ups(logs: &[(String, DeviceLog)]) -> Pct {
+    let mut h = histogram();
+    for (_, l) in logs {
+        for d in l.catch_ups.iter().skip(1) {
+            let _ = h.record((d.as_micros() as u64).max(1));
+        }
+    }
+    Pct::of(&h)
+}
+
+struct Finished {
+    integrity: IntegrityReport,
+    logs: Vec<(String, DeviceLog)>,
+}
+
+fn report(
+    name: &str,
+    params: Value,
+    rec: &Recorder,
+    send_window: f64,
+    deliveries_in_window: u64,
+    done: &Finished,
+    extra: Value,
+) -> ScenarioReport {
+    let sends = rec.sends.load(Ordering::Relaxed);
+    ScenarioReport {
+        scenario: name.into(),
+        params,
+        duration_s: rec.elapsed().as_secs_f64(),
+        send_window_s: send_window,
+        acknowledged_sends: sends,
+        send_errors: rec.send_errors.load(Ordering::Relaxed),
+        sends_per_s: sends as f64 / send_window.max(1e-9),
+        send_ack_ms: rec.send_ack(),
+        deliveries: rec.delivered.load(Ordering::Relaxed),
+        deliveries_per_s: deliveries_in_window as f64 / send_window.max(1e-9),
+        delivery_realtime_ms: rec.realtime(),
+        delivery_backlog_ms: rec.backlog(),
+        catch_up_ms: rec.catch_up(),
+        reconnect_catch_up_ms: reconnect_catch_ups(&done.logs),
+        integrity: done.integrity.clone(),
+        series: rec.series(),
+        extra,
+    }
+}
+
+/// A chaos action: a shell command run `at` seconds after sending starts.
+#[derive(Clone, Debug)]
+pub struct Action {
+    pub at: f64,
+    pub command: String,
+}
+
+impl std::str::FromStr for Action {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Action> {
+        let (at, command) = s.split_once('=').context("an action is SECONDS=COMMAND")?;
+        let at: f64 = at.trim().parse().with_context(|| format!("action time {at:?} is not a number of seconds"))?;
+        ensure!(!command.trim().is_empty(), "action at {at} s has no command");
+        Ok(Action { at, command: command.trim().to_owned() })
+    }
+}
+
+/// Live traffic into `convs` for `duration`, then settle and check; `actions` run on
+/// their time. Shared by `steady`, `fanout` and `chaos`.
+async fn live(
+    name: &'static str,
+    traffic: &Traffic,
+    actions: Vec<Action>,
+    target: &Target,
+    convs: Vec<Conv>,
+    kind: &str,
+    params: Value,
+) -> Result<ScenarioReport> {
+    let Traffic { rate, payload, .. } = *traffic;
+    ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
+    ensure!(traffic.duration >= 0.0, "--duration must be >= 0");
+    let duration = Duration::from_secs_f64(traffic.duration);
+
+    engine::provision(target, &convs, kind).await?;
+    let users = receivers(&convs);
+    let rec = Recorder::new();
+    let monitor_stop = Arc::new(AtomicBool::new(false));
+    let monitor = rec.monitor(name, Duration::from_secs(1), monitor_stop.clone());
+    eprintln!("connecting {} devices ...", users.len());
+    let devices = connect(target, &users, &rec, 0).await?;
+    rec.note(format!("{} devices online; sending for {duration:?} at {rate} msg/s", users.len()));
+
+    let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let delivered_before = rec.delivered.load(Ordering::Relaxed);
+    let send_start = Instant::now();
+    let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
+    let senders = engine::spawn_senders(target, &convs, &plan, &rec, &acked, &stop);
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let chaos = {
+        let (rec, outcomes) = (rec.clone(), outcomes.clone());
+        tokio::spawn(async move {
+            for a in actions {
+                tokio::time::sleep_until((send_start + Duration::from_secs_f64(a.at)).into()).await;
+                rec.note(format!("action: {}", a.command));
+                let t = Instant::now();
+                let out = tokio::process::Command::new("sh").arg("-c").arg(&a.command).output().await;
+                let status = match &out {
+                    Ok(o) if o.status.success() => "ok".to_string(),
+                    Ok(o) => format!("exit {:?}: {}", o.status.code(), String::from_utf8_lossy(&o.stderr).trim()),
+                    Err(e) => format!("could not run: {e}"),
+                };
+                if status != "ok" {
+                    rec.note(format!("action failed: {status}"));
+                }
+                outcomes.lock().expect("outcomes").push(
+                    json!({"at_s": a.at, "command": a.command, "status": status, "took_s": t.elapsed().as_secs_f64()}),
+                );
+            }
+        })
+    };
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    rec.note("sending stopped; waiting for retries and deliveries to settle");
+    join_all(senders).await;
+    let send_window = send_start.elapsed().as_secs_f64();
+    let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    chaos.await?;
+    let settle = engine::settle(&rec, users.len(), Duration::from_secs(3), Duration::from_secs(180)).await;
+    rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
+    monitor_stop.store(true, Ordering::Relaxed);
+    monitor.await?;
+    let (integrity, logs) = engine::finish(devices, &convs, &acked).await;
+    let sessions: u32 = logs.iter().map(|(_, l)| l.sessions).sum();
+    let extra = json!({
+        "devices": users.len(),
+        "sessions": sessions,
+        "settle_s": settle.as_secs_f64(),
+        "actions": *outcomes.lock().expect("outcomes"),
+    });
+    let done = Finished { integrity, logs };
+    Ok(report(name, params, &rec, send_window, delivered_in_window, &done, extra))
+}
+
+/// `steady`: `--conversations` direct conversations, a device online for each
+/// recipient, `--rate` sends per second over HTTP.
+pub async fn steady(args: &cli::Steady) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let (n, t) = (args.conversations, &args.traffic);
+    ensure!(n > 0, "--conversations must be at least 1");
+    let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
+    live("steady", t, Vec::new(), &target, pairs(&target, n), "direct", params).await
+}
+
+/// `fanout`: `--receivers` devices in groups of `--group` (up to 1 000), one sender
+/// per group, `--rate` sends per second in total.
+pub async fn fanout(args: &cli::Fanout) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let (n, size, t) = (args.receivers, args.group, &args.traffic);
+    ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
+    ensure!(n > 0, "--receivers must be at least 1");
+    let params = json!({"receivers": n, "group": size, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
+    live("fanout", t, Vec::new(), &target, groups(&target, "", n, size), "group", params).await
+}
+
+/// `chaos`: `steady` while each `--action SECONDS=COMMAND` runs at its time (kill a
+/// gateway, restart it, kill the worker, ...); the check waits for everyone to catch up.
+pub async fn chaos(args: &cli::Chaos) -> Result<ScenarioReport> {
+    let target = Target::from_args(&args.target)?;
+    let (n, t) = (args.conversations, &args.traffic);
+    ensure!(!args.action.is_empty(), "chaos needs at least one --action SECONDS=COMMAND");
+    let actions: Vec<String> = args.action.iter().map(|a| format!("{}={}", a.at, a.command)).collect();
+    let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "actions": actions, "gateways": target.gateways.len()});
+    live("chaos", t, args.action.clone(), &target, pairs(&target, n), "direct", params).await
+}

@@ -1,0 +1,67 @@
+//! `[delivery]`: what the gateway and the worker must agree on about devices' pending sets.
+
+use super::table::{section, BOTH};
+use super::Problems;
+
+section! {
+    /// `[delivery]`: read by the worker that fills pending sets and the gateway that rebuilds them.
+    pub struct DeliveryConfig in "delivery", read by BOTH;
+    {
+        /// Largest pending set per device; past it the oldest entries are dropped.
+        ///
+        /// The worker then marks the device for a rebuild from MySQL, and the gateway's
+        /// rebuild restores at most this many entries. Formerly `worker.pending_cap`, still
+        /// accepted as a deprecated alias.
+        pub pending_cap: u64 = "10000",
+    }
+}
+
+impl DeliveryConfig {
+    pub(super) fn validate(&self, bad: &mut Problems) {
+        if self.pending_cap == 0 {
+            bad.push("delivery.pending_cap", "must be positive");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{argv, env, SECRET};
+    use super::super::{load, Role};
+
+    #[test]
+    fn the_old_worker_key_still_sets_the_cap_and_is_reported() {
+        let e = env(&[SECRET, ("HERALD_WORKER__PENDING_CAP", "77")]);
+        let (cfg, cli) = load(Role::Gateway, &[], &e).unwrap();
+        assert_eq!(cfg.delivery.pending_cap, 77);
+        assert_eq!(cli.deprecated.len(), 1);
+        assert_eq!(cli.deprecated[0].given, "worker.pending_cap (HERALD_WORKER__PENDING_CAP)");
+        assert_eq!(cli.deprecated[0].replacement, "delivery.pending_cap");
+        assert!(cli.ignored_env.is_empty(), "an alias is not an unknown variable");
+        let text = cli.deprecated[0].to_string();
+        assert!(text.contains("HERALD_DELIVERY__PENDING_CAP"), "{text}");
+
+        let (cfg, cli) = load(Role::Worker, &argv(&["--set", "worker.pending_cap=5"]), &env(&[SECRET])).unwrap();
+        assert_eq!(cfg.delivery.pending_cap, 5);
+        assert_eq!(cli.deprecated[0].given, "worker.pending_cap (flag)");
+    }
+
+    #[test]
+    fn the_new_key_wins_over_the_old_one_in_the_same_layer() {
+        let e = env(&[SECRET, ("HERALD_WORKER__PENDING_CAP", "77"), ("HERALD_DELIVERY__PENDING_CAP", "88")]);
+        assert_eq!(load(Role::Worker, &[], &e).unwrap().0.delivery.pending_cap, 88);
+        let flags = argv(&["--set", "delivery.pending_cap=3", "--set", "worker.pending_cap=4"]);
+        assert_eq!(load(Role::Worker, &flags, &e).unwrap().0.delivery.pending_cap, 3);
+        // A later layer still wins, whatever name it uses.
+        let e = env(&[SECRET, ("HERALD_DELIVERY__PENDING_CAP", "88")]);
+        let flags = argv(&["--set", "worker.pending_cap=4"]);
+        assert_eq!(load(Role::Worker, &flags, &e).unwrap().0.delivery.pending_cap, 4);
+    }
+
+    #[test]
+    fn the_cap_must_be_positive() {
+        let err = load(Role::Gateway, &[], &env(&[SECRET, ("HERALD_DELIVERY__PENDING_CAP", "0")])).unwrap_err();
+        assert!(err.to_string().contains("delivery.pending_cap: must be positive"), "{err}");
+        assert_eq!(super::DeliveryConfig::default().pending_cap, 10_000);
+    }
+}

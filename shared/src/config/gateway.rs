@@ -1,0 +1,179 @@
+//! `[gateway]`: the client-facing process: sends, sessions, backlog, limits.
+
+use super::table::{section, GATEWAY};
+use super::Problems;
+
+section! {
+    /// `[gateway]`: what the gateway needs to serve clients.
+    pub struct GatewayConfig in "gateway", read by GATEWAY;
+    {
+        /// How long `POST /v1/messages` waits for the commit notice before answering `unavailable`.
+        ///
+        /// The client retries with the same `cmid`.
+        pub send_timeout_ms: u64 = "5000",
+        /// Largest serialized message body accepted, in bytes.
+        pub max_body_bytes: usize = "32768",
+        /// Refuse to start when Redis may evict keys (pending sets must not vanish).
+        pub require_noeviction: bool = "true",
+        /// MySQL connections of the gateway.
+        pub db_pool_size: u32 = "16",
+        /// Most members of one conversation.
+        pub max_group_size: usize = "1000",
+        /// Server ping interval; must stay below `gateway.nat_idle_timeout_ms`.
+        pub heartbeat_ms: u64 = "25000",
+        /// The shortest NAT or load-balancer idle timeout clients sit behind.
+        pub nat_idle_timeout_ms: u64 = "30000",
+        /// Unacked pushes per device before the gateway stops pushing.
+        pub inflight_window: usize = "256",
+        /// An unacked push older than this makes the gateway ping the client.
+        ///
+        /// Without a pong within `ack_probe_ms` the connection is closed as half-open (4000).
+        pub ack_timeout_ms: u64 = "10000",
+        /// How long a client has to answer that ping before its connection is closed.
+        pub ack_probe_ms: u64 = "5000",
+        /// Backlog page size for desktop, web and server devices.
+        pub backlog_page_desktop: usize = "200",
+        /// Backlog page size for mobile devices.
+        pub backlog_page_mobile: usize = "50",
+        /// Realtime deliveries queued per session before it re-reads its pending set instead.
+        pub realtime_queue: usize = "1024",
+        /// How long a draining gateway spreads `reconnect` hints and waits for sessions.
+        pub drain_ms: u64 = "10000",
+        /// How far a device's watermark stays behind now.
+        ///
+        /// It must cover commit latency, clock skew between processes and fan-out delays,
+        /// or a rebuild after Redis data loss could miss a message.
+        pub watermark_margin_ms: u64 = "300000",
+        /// How often a session reports its watermark (flushed to MySQL in batches).
+        pub watermark_flush_ms: u64 = "5000",
+        /// Backlog messages per second per desktop, web or server device.
+        pub backlog_rate_desktop: u32 = "4000",
+        /// Backlog messages per second per mobile device.
+        pub backlog_rate_mobile: u32 = "1000",
+        /// Backlog messages per second for the whole node (protects it in a login storm).
+        pub backlog_rate_node: u32 = "100000",
+        /// Sends per second per device.
+        pub send_rate: u32 = "50",
+        /// Sends per device allowed above `gateway.send_rate` in a burst.
+        pub send_burst: u32 = "200",
+        /// New WebSocket sessions per second on this node.
+        pub admission_rate: u32 = "2000",
+        /// New WebSocket sessions allowed above `gateway.admission_rate` in a burst.
+        pub admission_burst: u32 = "500",
+        /// WebSocket sessions of one user (tenant and user) on this node, counted by device.
+        ///
+        /// An abuse limit (docs/reliability.md, "Abuse limits"), like the four below: a new
+        /// session of a device that is already connected replaces it and is not refused.
+        pub max_connections_per_user: usize = "32",
+        /// WebSocket sessions from one IP address (the socket peer) on this node.
+        pub max_connections_per_ip: usize = "1000",
+        /// Time a client has to finish each HTTP request head, the WebSocket upgrade included.
+        ///
+        /// Counted from when the connection opened or went idle; past it the connection is closed.
+        pub handshake_timeout_ms: u64 = "10000",
+        /// Sends per second of one tenant through this node (HTTP and WebSocket).
+        pub tenant_send_rate: u32 = "5000",
+        /// Sends of one tenant allowed above `gateway.tenant_send_rate` in a burst.
+        pub tenant_send_burst: u32 = "10000",
+    }
+}
+
+impl GatewayConfig {
+    pub(super) fn validate(&self, bad: &mut Problems) {
+        if self.send_timeout_ms == 0 {
+            bad.push("gateway.send_timeout_ms", "must be positive");
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > 1 << 20 {
+            bad.push("gateway.max_body_bytes", "must be 1..=1048576");
+        }
+        if self.heartbeat_ms < 100 || self.heartbeat_ms >= self.nat_idle_timeout_ms {
+            bad.push("gateway.heartbeat_ms", "must be at least 100 and below gateway.nat_idle_timeout_ms");
+        }
+        if self.inflight_window == 0 || self.realtime_queue == 0 {
+            bad.push("gateway.inflight_window", "inflight_window and realtime_queue must be positive");
+        }
+        if self.backlog_page_desktop == 0 || self.backlog_page_mobile == 0 {
+            bad.push("gateway.backlog_page_desktop", "backlog page sizes must be positive");
+        }
+        if self.ack_timeout_ms == 0 || self.ack_probe_ms == 0 {
+            bad.push("gateway.ack_timeout_ms", "ack_timeout_ms and ack_probe_ms must be positive");
+        }
+        for (key, v) in [
+            ("gateway.backlog_rate_desktop", self.backlog_rate_desktop),
+            ("gateway.backlog_rate_mobile", self.backlog_rate_mobile),
+            ("gateway.backlog_rate_node", self.backlog_rate_node),
+            ("gateway.send_rate", self.send_rate),
+            ("gateway.send_burst", self.send_burst),
+            ("gateway.admission_rate", self.admission_rate),
+            ("gateway.admission_burst", self.admission_burst),
+            ("gateway.tenant_send_rate", self.tenant_send_rate),
+            ("gateway.tenant_send_burst", self.tenant_send_burst),
+            ("gateway.db_pool_size", self.db_pool_size),
+        ] {
+            if v == 0 {
+                bad.push(key, "must be positive");
+            }
+        }
+        if self.max_connections_per_user == 0 {
+            bad.push("gateway.max_connections_per_user", "must be positive");
+        }
+        if self.max_connections_per_ip == 0 {
+            bad.push("gateway.max_connections_per_ip", "must be positive");
+        }
+        if !(100..=600_000).contains(&self.handshake_timeout_ms) {
+            bad.push("gateway.handshake_timeout_ms", "must be 100..=600000");
+        }
+        if self.max_group_size < 2 {
+            bad.push("gateway.max_group_size", "must be at least 2");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{env, SECRET};
+    use super::super::{load, Role};
+
+    #[test]
+    fn the_heartbeat_must_stay_below_the_nat_idle_timeout() {
+        let e = env(&[SECRET, ("HERALD_GATEWAY__HEARTBEAT_MS", "30000")]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        assert!(err.contains("gateway.heartbeat_ms"), "{err}");
+        let e =
+            env(&[SECRET, ("HERALD_GATEWAY__HEARTBEAT_MS", "30000"), ("HERALD_GATEWAY__NAT_IDLE_TIMEOUT_MS", "45000")]);
+        assert_eq!(load(Role::Gateway, &[], &e).unwrap().0.gateway.heartbeat_ms, 30_000);
+    }
+
+    #[test]
+    fn abuse_limits_are_validated() {
+        let e = env(&[
+            SECRET,
+            ("HERALD_GATEWAY__MAX_CONNECTIONS_PER_USER", "0"),
+            ("HERALD_GATEWAY__MAX_CONNECTIONS_PER_IP", "0"),
+            ("HERALD_GATEWAY__HANDSHAKE_TIMEOUT_MS", "50"),
+            ("HERALD_GATEWAY__TENANT_SEND_RATE", "0"),
+            ("HERALD_GATEWAY__TENANT_SEND_BURST", "x"),
+        ]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        for key in [
+            "gateway.max_connections_per_user",
+            "gateway.max_connections_per_ip",
+            "gateway.handshake_timeout_ms",
+            "gateway.tenant_send_rate",
+            "gateway.tenant_send_burst",
+        ] {
+            assert!(err.contains(key), "{key} missing from:\n{err}");
+        }
+        let (cfg, _) = load(Role::Gateway, &[], &env(&[SECRET])).unwrap();
+        assert_eq!(cfg.gateway.handshake_timeout_ms, 10_000);
+        assert_eq!(cfg.gateway.max_connections_per_user, 32);
+    }
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let g = super::GatewayConfig::default();
+        assert_eq!((g.send_timeout_ms, g.max_body_bytes, g.require_noeviction), (5_000, 32 * 1024, true));
+        assert_eq!((g.heartbeat_ms, g.nat_idle_timeout_ms, g.realtime_queue), (25_000, 30_000, 1_024));
+        assert_eq!((g.backlog_rate_node, g.tenant_send_burst), (100_000, 10_000));
+    }
+}

@@ -1,0 +1,273 @@
+//! Layered, validated configuration shared by every Herald process.
+//!
+//! Layers, later ones winning: built-in defaults, a TOML file (`--config FILE` or
+//! `HERALD_CONFIG`), `HERALD_*` environment variables, then command-line flags.
+//! Every layer is flattened into dotted keys (`outbox.max_attempts`) and applied
+//! through one setter, so all layers accept and reject exactly the same keys. All
+//! problems are collected and reported together, each naming its key, before any
+//! port is bound.
+//!
+//! Environment names: `HERALD_MYSQL_URL` is `mysql_url`; a double underscore
+//! separates a section, `HERALD_OUTBOX__MAX_ATTEMPTS` is `outbox.max_attempts`.
+//!
+//! # Layout
+//! - this module: the process-wide keys (URLs, addresses, secrets, node id) and the
+//!   [`Config`] that holds every section.
+//! - `table`: the key table behind the loader and the documentation ([`keys`],
+//!   [`markdown_table`]).
+//! - `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each
+//!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
+//! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
+
+use std::fmt;
+use std::net::SocketAddr;
+
+pub mod cli;
+mod delivery;
+#[cfg(test)]
+mod docs;
+mod gateway;
+mod ingress;
+mod load;
+mod outbox;
+mod table;
+mod worker;
+
+pub use cli::{Cli, Deprecated};
+pub use delivery::DeliveryConfig;
+pub use gateway::GatewayConfig;
+pub use ingress::IngressConfig;
+pub use load::{load, Env, ProcessEnv};
+pub use outbox::OutboxConfig;
+pub use table::{env_name, keys, lookup, markdown_table, Alias, DefaultText, Key, Lookup, ALIASES};
+pub use worker::WorkerConfig;
+
+use table::{parse, BOTH, GATEWAY, WORKER};
+
+/// Which process the configuration is for; some defaults differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Gateway,
+    Worker,
+    Loadtest,
+}
+
+impl Role {
+    /// The role as the key table names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Gateway => "gateway",
+            Role::Worker => "worker",
+            Role::Loadtest => "loadtest",
+        }
+    }
+}
+
+/// A secret that never shows up in `Debug` output or logs.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "<unset>" } else { "<redacted>" })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mysql_url: String,
+    pub redis_url: String,
+    /// Prefix of every Redis key and channel; lets clusters (and tests) share a Redis.
+    pub redis_key_prefix: String,
+    pub jwt_secret: Secret,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub admin_token: Secret,
+    pub node_id: String,
+    /// A tracing filter, as in `RUST_LOG` (which wins when set).
+    pub log: String,
+    pub ingress: IngressConfig,
+    pub gateway: GatewayConfig,
+    pub worker: WorkerConfig,
+    /// Read by both the gateway and the worker.
+    pub delivery: DeliveryConfig,
+    pub outbox: OutboxConfig,
+}
+
+/// The process-wide keys, outside any section.
+const ROOT_KEYS: &[Key] = &[
+    Key::new("mysql_url", "mysql://root@127.0.0.1:3306/herald", BOTH, "MySQL or MariaDB URL."),
+    Key::new(
+        "redis_url",
+        "redis://127.0.0.1:6379/0",
+        BOTH,
+        "Redis URL; `redis-cluster://h1:p1,h2:p2` for a Redis Cluster.",
+    ),
+    Key::new("redis_key_prefix", "hd", BOTH, "Prefix of every Redis key and channel; lets clusters share a Redis."),
+    Key::new("jwt_secret", "", BOTH, "HS256 key of client tokens; required, at least 16 bytes."),
+    Key::new("listen", "127.0.0.1:8080", GATEWAY, "Address of the client API (HTTP and WebSocket)."),
+    Key::described(
+        "admin_listen",
+        "gateway `127.0.0.1:9090`, worker `127.0.0.1:9091`",
+        BOTH,
+        "Address of health, readiness, metrics and the admin API.",
+    ),
+    Key::new("admin_token", "", WORKER, "Bearer token of the admin API; empty, the admin API refuses everything."),
+    Key::described("node_id", "generated", BOTH, "This process's name in logs, leases and Redis."),
+    Key::new("log", "info", BOTH, "A tracing filter, as in `RUST_LOG` (which wins when set)."),
+];
+
+/// The documented default of a process-wide key.
+fn root_default<T: table::Setting>(name: &str) -> T {
+    match ROOT_KEYS.iter().find(|k| k.name == name).map(|k| k.default) {
+        Some(DefaultText::Value(v)) => T::parse(v).unwrap_or_else(|e| panic!("the default of {name}: {e}")),
+        _ => panic!("{name} has no documented default value"),
+    }
+}
+
+impl Config {
+    pub fn defaults(role: Role) -> Config {
+        let (admin, kind) = match role {
+            Role::Gateway => ("127.0.0.1:9090", "gw"),
+            Role::Worker => ("127.0.0.1:9091", "wk"),
+            Role::Loadtest => ("127.0.0.1:9099", "lt"),
+        };
+        Config {
+            mysql_url: root_default("mysql_url"),
+            redis_url: root_default("redis_url"),
+            redis_key_prefix: root_default("redis_key_prefix"),
+            jwt_secret: root_default("jwt_secret"),
+            listen: root_default("listen"),
+            admin_listen: admin.parse().expect("default address"),
+            admin_token: root_default("admin_token"),
+            node_id: format!("{kind}-{:08x}", rand::random::<u32>()),
+            log: root_default("log"),
+            ingress: IngressConfig::default(),
+            gateway: GatewayConfig::default(),
+            worker: WorkerConfig::default(),
+            delivery: DeliveryConfig::default(),
+            outbox: OutboxConfig::default(),
+        }
+    }
+
+    /// Applies one dotted key of the key table. Errors name what the key expects.
+    pub fn set(&mut self, key: &str, v: &str) -> Result<(), SetError> {
+        if !matches!(lookup(key), Lookup::Key(_)) {
+            return Err(SetError::UnknownKey);
+        }
+        match key.split_once('.') {
+            None => self.set_root(key, v),
+            Some(("ingress", name)) => self.ingress.set(name, v),
+            Some(("gateway", name)) => self.gateway.set(name, v),
+            Some(("worker", name)) => self.worker.set(name, v),
+            Some(("delivery", name)) => self.delivery.set(name, v),
+            Some(("outbox", name)) => self.outbox.set(name, v),
+            Some(_) => Err(SetError::UnknownKey),
+        }
+    }
+
+    fn set_root(&mut self, key: &str, v: &str) -> Result<(), SetError> {
+        match key {
+            "mysql_url" => self.mysql_url = parse(v)?,
+            "redis_url" => self.redis_url = parse(v)?,
+            "redis_key_prefix" => self.redis_key_prefix = parse(v)?,
+            "jwt_secret" => self.jwt_secret = parse(v)?,
+            "listen" => self.listen = parse(v)?,
+            "admin_listen" => self.admin_listen = parse(v)?,
+            "admin_token" => self.admin_token = parse(v)?,
+            "node_id" => self.node_id = parse(v)?,
+            "log" => self.log = parse(v)?,
+            _ => return Err(SetError::UnknownKey),
+        }
+        Ok(())
+    }
+
+    /// Checks values that parse but make no sense together.
+    fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let mut bad = Problems(errors);
+        if self.jwt_secret.0.len() < 16 {
+            bad.push("jwt_secret", "required, at least 16 bytes (HERALD_JWT_SECRET)");
+        }
+        if !self.mysql_url.starts_with("mysql://") && !self.mysql_url.starts_with("mariadb://") {
+            bad.push("mysql_url", "must start with mysql://");
+        }
+        if !["redis://", "rediss://", "redis-cluster://"].iter().any(|s| self.redis_url.starts_with(s)) {
+            bad.push("redis_url", "must start with redis:// or redis-cluster://");
+        }
+        if self.redis_key_prefix.is_empty() || self.redis_key_prefix.contains(['{', '}', ' ']) {
+            bad.push("redis_key_prefix", "must be non-empty without braces or spaces");
+        }
+        if !crate::auth::is_valid_ident(&self.node_id) || self.node_id.contains(['{', '}']) {
+            bad.push("node_id", "must be 1..64 printable ASCII characters without braces");
+        }
+        self.ingress.validate(&mut bad);
+        self.gateway.validate(&mut bad);
+        self.worker.validate(&mut bad);
+        self.delivery.validate(&mut bad);
+        self.outbox.validate(&mut bad);
+    }
+}
+
+/// Why one key could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetError {
+    /// The key table has no such key.
+    #[error("unknown key")]
+    UnknownKey,
+    /// The value does not parse; the message says what the key expects.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Collects validation problems, each naming its key.
+struct Problems<'a>(&'a mut Vec<ConfigError>);
+
+impl Problems<'_> {
+    fn push(&mut self, key: &str, message: &str) {
+        self.0.push(ConfigError { key: key.into(), message: message.into() });
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// All problems found, printed one per line.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration:")?;
+        for e in &self.0 {
+            writeln!(f, "  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Test helpers shared by the sections' tests.
+#[cfg(test)]
+mod testing {
+    use std::collections::BTreeMap;
+
+    pub const SECRET: (&str, &str) = ("HERALD_JWT_SECRET", "0123456789abcdef");
+
+    pub fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    pub fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|s| s.to_string()).collect()
+    }
+}

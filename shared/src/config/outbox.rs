@@ -1,0 +1,80 @@
+//! `[outbox]`: the transactional outbox's dispatcher, retries and purge.
+
+use super::table::{section, WORKER};
+use super::Problems;
+
+section! {
+    /// `[outbox]`: how the worker finishes fan-outs the immediate dispatch did not.
+    pub struct OutboxConfig in "outbox", read by WORKER;
+    {
+        /// Period of the dispatcher loop.
+        pub fixed_delay_ms: u64 = "3000",
+        /// A new row is due this far ahead, so the loop sees only what the immediate dispatch left.
+        ///
+        /// The immediate post-commit dispatch normally finishes a row before it is due.
+        pub first_retry_delay_ms: u64 = "5000",
+        /// Delay before retry n, comma-separated (the last value repeats).
+        pub backoff_ms: Vec<u64> = "5000,20000,80000,320000,1280000",
+        /// Failed retries before an event is DEAD and waits for an operator.
+        pub max_attempts: u32 = "5",
+        /// A SENDING row claimed longer ago than this is taken again; more than one second.
+        ///
+        /// It must outlast the dispatch that claimed the row, or two dispatches fan the
+        /// event out at once.
+        pub sending_stale_ms: u64 = "60000",
+        /// Rows claimed per dispatcher round.
+        pub claim_batch: u32 = "100",
+        /// SENT rows older than this are purged (1 day).
+        pub sent_retention_s: u64 = "86400",
+        /// Rows deleted per purge statement (small, to keep locks short).
+        pub purge_batch: u32 = "1000",
+    }
+}
+
+impl OutboxConfig {
+    pub(super) fn validate(&self, bad: &mut Problems) {
+        if self.backoff_ms.is_empty() {
+            bad.push("outbox.backoff_ms", "needs at least one delay");
+        }
+        if self.max_attempts == 0 {
+            bad.push("outbox.max_attempts", "must be positive");
+        }
+        if self.fixed_delay_ms == 0 {
+            bad.push("outbox.fixed_delay_ms", "must be positive");
+        }
+        if self.claim_batch == 0 || self.purge_batch == 0 {
+            bad.push("outbox.claim_batch", "claim_batch and purge_batch must be positive");
+        }
+        // A claim younger than this may belong to a dispatch still running; taking it
+        // again would fan the event out twice at once. No other setting lowers the bound.
+        if self.sending_stale_ms <= 1_000 {
+            bad.push("outbox.sending_stale_ms", "must exceed one second (1000)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{env, SECRET};
+    use super::super::{load, Role};
+
+    fn stale(send_timeout_ms: &str, sending_stale_ms: &str) -> Result<u64, String> {
+        let e = env(&[
+            SECRET,
+            ("HERALD_GATEWAY__SEND_TIMEOUT_MS", send_timeout_ms),
+            ("HERALD_OUTBOX__SENDING_STALE_MS", sending_stale_ms),
+        ]);
+        load(Role::Worker, &[], &e).map(|(cfg, _)| cfg.outbox.sending_stale_ms).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_sending_row_is_not_reclaimed_within_one_second() {
+        // A short gateway send timeout used to lower the bound below one second.
+        for (timeout, value) in [("500", "800"), ("500", "1000"), ("5000", "1000"), ("100", "0")] {
+            let err = stale(timeout, value).expect_err(value);
+            assert!(err.contains("outbox.sending_stale_ms: must exceed one second"), "{err}");
+        }
+        assert_eq!(stale("500", "1001"), Ok(1_001));
+        assert_eq!(stale("5000", "1500"), Ok(1_500), "as the reclaim end-to-end test sets it");
+    }
+}

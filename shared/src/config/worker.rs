@@ -1,0 +1,43 @@
+//! `[worker]`: the committing process: batches, leases, fan-out, read receipts.
+
+use super::table::{section, WORKER};
+use super::Problems;
+
+section! {
+    /// `[worker]`: what the worker needs to commit and fan out.
+    pub struct WorkerConfig in "worker", read by WORKER;
+    {
+        /// Most stream entries committed in one MySQL transaction.
+        pub batch_max: usize = "512",
+        /// How long one XREADGROUP blocks waiting for entries.
+        pub batch_block_ms: u64 = "1000",
+        /// Lease time of shard ownership and of the snowflake worker id; renewed at a third.
+        pub lease_ttl_ms: u64 = "6000",
+        /// Apply migrations when the worker starts.
+        pub migrate_on_start: bool = "true",
+        /// How long the serialized frame of a message is kept in Redis (7 days).
+        pub message_ttl_s: u64 = "604800",
+        /// MySQL connections of the worker.
+        pub db_pool_size: u32 = "16",
+        /// Groups up to this size send `read` frames to every member's devices.
+        ///
+        /// Larger ones send them only to the reader's own other devices.
+        pub read_fanout_max_group: usize = "50",
+        /// How long an undelivered read position waits for an offline device (30 days).
+        pub read_state_ttl_s: u64 = "2592000",
+    }
+}
+
+impl WorkerConfig {
+    pub(super) fn validate(&self, bad: &mut Problems) {
+        if self.batch_max == 0 || self.batch_max > 10_000 {
+            bad.push("worker.batch_max", "must be 1..=10000");
+        }
+        if self.lease_ttl_ms < 300 {
+            bad.push("worker.lease_ttl_ms", "must be at least 300");
+        }
+        if self.db_pool_size == 0 {
+            bad.push("worker.db_pool_size", "must be positive");
+        }
+    }
+}
