@@ -34,6 +34,14 @@ LAYERS = {
         ["api"],
         [""],
     ],
+    "loadtest": [
+        ["integrity", "recorder"],
+        ["cli"],
+        ["engine"],
+        ["report"],
+        ["scenarios", "probe", "sends"],
+        [""],
+    ],
     "worker": [
         ["lease", "batch", "projections"],
         ["commit", "fanout", "reads"],
@@ -73,7 +81,7 @@ def main(root):
                 if not f.endswith(".rs"):
                     continue
                 path = os.path.join(dp, f)
-                if f.endswith("_proptests.rs") or f == "tests.rs":
+                if f.endswith(("_proptests.rs", "_tests.rs")) or f == "tests.rs":
                     continue
                 u = unit(path, src)
                 units.add(u)

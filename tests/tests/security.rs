@@ -150,7 +150,7 @@ fn apis() -> Vec<Api> {
                     w,
                 ))
             },
-            // A removed member reads up to its removal (PROTOCOL.md section 2).
+            // A removed member reads up to its removal (docs/protocol.md section 2).
             expect: [NF, FB, Served, UA, UA, NF],
         },
         Api {

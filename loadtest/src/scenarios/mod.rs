@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use futures::future::join_all;
 use herald_client::device::{Device, DeviceLog};
 use serde_json::{json, Value};
 
-use crate::cli::{self, Traffic};
+use crate::cli::{self, Action, Traffic};
 use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
 use crate::integrity::IntegrityReport;
 use crate::report::ScenarioReport;
@@ -117,23 +117,6 @@ fn report(
         integrity: done.integrity.clone(),
         series: rec.series(),
         extra,
-    }
-}
-
-/// A chaos action: a shell command run `at` seconds after sending starts.
-#[derive(Clone, Debug)]
-pub struct Action {
-    pub at: f64,
-    pub command: String,
-}
-
-impl std::str::FromStr for Action {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Action> {
-        let (at, command) = s.split_once('=').context("an action is SECONDS=COMMAND")?;
-        let at: f64 = at.trim().parse().with_context(|| format!("action time {at:?} is not a number of seconds"))?;
-        ensure!(!command.trim().is_empty(), "action at {at} s has no command");
-        Ok(Action { at, command: command.trim().to_owned() })
     }
 }
 

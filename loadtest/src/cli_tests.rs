@@ -1,0 +1,110 @@
+//! The command lines the scripts, the chart and the tests use still parse.
+
+use clap::CommandFactory;
+
+use super::*;
+
+fn parse(words: &[&str]) -> Result<Command, clap::Error> {
+    Cli::try_parse_from(std::iter::once("herald-loadtest").chain(words.iter().copied())).map(|c| c.command)
+}
+
+#[test]
+fn the_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn actions_repeat_other_options_take_their_last_value() {
+    let Command::Chaos(c) =
+        parse(&["chaos", "--action", "1=a", "--action", "2=b c", "--rate", "5", "--rate", "7"]).unwrap()
+    else {
+        panic!("chaos")
+    };
+    let actions: Vec<(f64, &str)> = c.action.iter().map(|a| (a.at, a.command.as_str())).collect();
+    assert_eq!(actions, [(1.0, "a"), (2.0, "b c")]);
+    assert_eq!((c.traffic.rate, c.conversations), (7.0, 300));
+    let Command::Steady(s) = parse(&["steady", "--gateways", "http://a,http://b", "--gateways", "http://c"]).unwrap()
+    else {
+        panic!("steady")
+    };
+    assert_eq!(s.target.gateways.urls, ["http://c"]);
+}
+
+#[test]
+fn typos_missing_values_and_bad_numbers_are_refused() {
+    for words in [
+        &["steady", "--rat", "5"][..],
+        &["steady", "--rate"],
+        &["steady", "--conversations", "-1"],
+        &["chaos", "--rate", "5"],
+        &["chaos", "--action", "soon=x"],
+        &["idle"],
+        &["storm", "--fresh", "maybe"],
+        &["token", "--user", "u"],
+        &["report"],
+        &["probe", "--interval-ms", "0"],
+        &["nope"],
+    ] {
+        assert!(parse(words).is_err(), "{words:?} was accepted");
+    }
+}
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let Command::Storm(s) = parse(&["storm"]).unwrap() else { panic!("storm") };
+    assert_eq!(
+        (s.devices, s.backlog, s.group, s.realtime, s.rate, s.baseline, s.fresh),
+        (5000, 200, 50, 100, 200.0, 5.0, false)
+    );
+    assert_eq!(s.target.gateways.urls, ["http://127.0.0.1:8080"]);
+    assert_eq!((s.target.tenant.as_str(), s.target.out.to_str()), ("bench", Some("loadtest-reports")));
+    let Command::Probe(p) = parse(&["probe"]).unwrap() else { panic!("probe") };
+    assert_eq!((p.tenant.as_str(), p.name.as_str(), p.interval_ms, p.loss_after_ms), ("probe", "canary", 1000, 30_000));
+    assert_eq!((p.listen.to_string(), p.duration), ("127.0.0.1:9099".to_string(), 0));
+    let Command::Report(r) = parse(&["report", "--dir", "d"]).unwrap() else { panic!("report") };
+    assert_eq!((r.out.to_str(), r.machine.as_str()), (Some("docs/capacity-report.md"), "not recorded"));
+}
+
+/// The command lines of scripts/capacity.sh, scripts/run.sh, the Helm chart's probe
+/// and tests/tests/{loadtest,probe}.rs.
+#[test]
+fn the_callers_command_lines_parse() {
+    let tail = ["--gateways", "http://127.0.0.1:8180,http://127.0.0.1:8181", "--out", "docs/capacity"];
+    for line in [
+        "steady --conversations 200 --rate 5000 --duration 30",
+        "fanout --receivers 4000 --group 200 --rate 0 --duration 30",
+        "storm --devices 5000 --backlog 200 --group 50 --realtime 100 --rate 200 --baseline 5",
+        "idle --connections 18000 --hold 10 --connect-rate 3000 --gateway-pid 42",
+        "chaos --conversations 300 --rate 1000 --duration 40 --action 4=x --action 8=y",
+        "steady --conversations 20 --rate 200 --duration 3 --tenant lt",
+        "storm --devices 60 --backlog 20 --group 30 --realtime 4 --rate 20 --baseline 1 --fresh true",
+        "idle --connections 150 --group 50 --hold 1 --gateway-pid 7 --local-ips 127.0.0.1,127.0.0.2",
+    ] {
+        let words: Vec<&str> = line.split(' ').chain(tail).collect();
+        parse(&words).unwrap_or_else(|e| panic!("{line}: {e}"));
+    }
+    for line in [
+        "report --dir docs/capacity --out docs/capacity-report.md --machine 2-cores",
+        "token --secret s --tenant acme --user alice --device phone",
+        "probe --gateways http://gw:80 --tenant probe --name herald --interval-ms 1000 --loss-after-ms 30000 --listen 0.0.0.0:9099",
+        "probe --gateways http://a,http://b --interval-ms 100 --duration 30 --listen 127.0.0.1:1",
+        "sends --gateways http://a,http://b --conversations 10 --senders 10 --duration 1 --json x.json",
+    ] {
+        parse(&line.split(' ').collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{line}: {e}"));
+    }
+}
+
+#[test]
+fn help_lists_every_command_and_a_command_s_options() {
+    let help = Cli::command().render_long_help().to_string();
+    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "sends", "probe", "report", "token"] {
+        assert!(help.contains(cmd), "{cmd} missing from:\n{help}");
+    }
+    let mut cli = Cli::command();
+    let storm = cli.find_subcommand_mut("storm").unwrap().render_long_help().to_string();
+    for option in ["--devices", "--backlog", "--fresh", "--gateways", "--secret", "--local-ips", "[default: 5000]"] {
+        assert!(storm.contains(option), "{option} missing from:\n{storm}");
+    }
+    let Err(e) = parse(&["--help"]) else { panic!("--help is not a command") };
+    assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+}
