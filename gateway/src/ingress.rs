@@ -56,9 +56,8 @@ impl Ingress {
     /// Appends the send to its ingress stream. Sends of one session are enqueued in the
     /// order they arrived, which is the order their `seq` follows.
     pub async fn enqueue_send(&self, c: &Claims, cmid: String, conv: String, body: String) -> ApiResult<Waiter> {
-        let waiter = self.waiters.register();
         let shard = shard_of(&c.tid, &conv, self.shards);
-        let entry = IngressEntry {
+        let mut entry = IngressEntry {
             tenant: c.tid.clone(),
             user: c.sub.clone(),
             device: c.dev.clone(),
@@ -66,8 +65,10 @@ impl Ingress {
             conv,
             body,
             node: self.node_id.clone(),
-            rid: waiter.rid,
+            rid: 0,
         };
+        let waiter = self.waiters.register(entry.echo());
+        entry.rid = waiter.rid;
         // No MAXLEN: an entry leaves the stream only when a worker has committed it (XDEL
         // after XACK), so a long worker outage cannot trim away accepted sends.
         let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
@@ -79,17 +80,18 @@ impl Ingress {
         if !is_valid_ident(&conv) {
             return Err(ApiError::bad_request("conv must be 1..64 printable ASCII characters"));
         }
-        let waiter = self.waiters.register();
         let shard = shard_of(&c.tid, &conv, self.shards);
-        let entry = ReadEntry {
+        let mut entry = ReadEntry {
             tenant: c.tid.clone(),
             user: c.sub.clone(),
             device: c.dev.clone(),
             conv,
             seq,
             node: self.node_id.clone(),
-            rid: waiter.rid,
+            rid: 0,
         };
+        let waiter = self.waiters.register(entry.echo());
+        entry.rid = waiter.rid;
         let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
         Ok(waiter)
     }

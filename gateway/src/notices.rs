@@ -95,7 +95,7 @@ async fn listen(
             }
         };
         for n in env.sent {
-            waiters.resolve(n.rid, n.outcome);
+            waiters.resolve(n.rid, n.echo.as_ref(), n.outcome);
         }
         for d in env.deliver {
             // One allocation per message per node, shared by its sessions here.

@@ -282,7 +282,11 @@ impl IngressShard {
                     SendOutcome::Err { code: *code, message: message.clone() }
                 }
             };
-            by_node.entry(e.node.as_str()).or_default().sent.push(SendNotice { rid: e.rid, outcome });
+            by_node.entry(e.node.as_str()).or_default().sent.push(SendNotice {
+                rid: e.rid,
+                echo: Some(e.echo()),
+                outcome,
+            });
         }
         // Reads after the sends of the batch, so a read of a message in it is not capped.
         if !reads.is_empty() {
@@ -300,7 +304,11 @@ impl IngressShard {
                 }
             };
             for (r, outcome) in reads.iter().zip(outcomes) {
-                by_node.entry(r.node.as_str()).or_default().sent.push(SendNotice { rid: r.rid, outcome });
+                by_node.entry(r.node.as_str()).or_default().sent.push(SendNotice {
+                    rid: r.rid,
+                    echo: Some(r.echo()),
+                    outcome,
+                });
             }
         }
         let pipe = client.pipeline();

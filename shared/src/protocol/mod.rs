@@ -22,7 +22,7 @@ use crate::ids::MsgId;
 pub use client::{AckFrame, ClientFrame, FrameError, PingFrame, ReadFrame, SendFrame, SyncFrame};
 pub use close::CloseCode;
 pub use node::{
-    read_field, Delivery, IngressEntry, IngressRequest, Kick, NodeEnvelope, ReadEntry, ReadPush, SendNotice,
+    read_field, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, ReadEntry, ReadPush, SendNotice,
     SendOutcome,
 };
 pub use server::{CaughtUp, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Sent, ServerFrame};

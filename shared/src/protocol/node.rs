@@ -125,12 +125,45 @@ pub fn read_field(conv: &str, reader: &str) -> String {
     format!("{conv} {reader}")
 }
 
-/// What a worker tells a gateway node about one send request.
+/// What a worker tells a gateway node about one request: its answer, and which request
+/// it answers besides the id, so that a gateway never hands it to another request that
+/// happens to have the same id (an earlier life of the node, say).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SendNotice {
     pub rid: u64,
+    /// Absent in notices of workers older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<Echo>,
     #[serde(flatten)]
     pub outcome: SendOutcome,
+}
+
+/// The request a notice answers: its tenant, sender, conversation and (for a send)
+/// `cmid`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Echo {
+    pub tenant: String,
+    pub user: String,
+    pub conv: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmid: Option<String>,
+}
+
+impl IngressEntry {
+    pub fn echo(&self) -> Echo {
+        Echo {
+            tenant: self.tenant.clone(),
+            user: self.user.clone(),
+            conv: self.conv.clone(),
+            cmid: Some(self.cmid.clone()),
+        }
+    }
+}
+
+impl ReadEntry {
+    pub fn echo(&self) -> Echo {
+        Echo { tenant: self.tenant.clone(), user: self.user.clone(), conv: self.conv.clone(), cmid: None }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -197,10 +230,14 @@ mod tests {
     fn notices_round_trip() {
         let n = SendNotice {
             rid: 4,
+            echo: Some(Echo { tenant: "t".into(), user: "u".into(), conv: "c".into(), cmid: Some("m1".into()) }),
             outcome: SendOutcome::Err { code: ErrorCode::Forbidden, message: "not a member".into() },
         };
         let s = serde_json::to_string(&n).unwrap();
         assert_eq!(serde_json::from_str::<SendNotice>(&s).unwrap(), n);
+        // A notice of an older worker, without its echo, still reads.
+        let old: SendNotice = serde_json::from_str(r#"{"rid":4,"err":{"code":"internal","message":"x"}}"#).unwrap();
+        assert_eq!(old.echo, None);
     }
 
     #[test]
