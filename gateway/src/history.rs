@@ -23,6 +23,8 @@ pub struct History {
     pub db: MySqlPool,
     pub redis: Pool,
     pub keys: Keys,
+    /// Most bytes of bodies in one page (`gateway.history_page_bytes`).
+    pub page_bytes: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,7 +92,7 @@ impl History {
         .bind(limit + 1)
         .fetch_all(&self.db)
         .await?;
-        page(rows, limit)
+        page(rows, limit, self.page_bytes)
     }
 
     /// Every message of every conversation of the user with id > `after`, in id order.
@@ -106,7 +108,7 @@ impl History {
         .bind(limit + 1)
         .fetch_all(&self.db)
         .await?;
-        page(rows, limit)
+        page(rows, limit, self.page_bytes)
     }
 
     /// A device's messages with ids in `after+1..=upto`, in id order: every message of
@@ -198,10 +200,20 @@ impl History {
     }
 }
 
-fn page(rows: Vec<MySqlRow>, limit: u32) -> ApiResult<Page> {
-    let more = rows.len() > limit as usize;
-    let items = rows.iter().take(limit as usize).map(message).collect::<Result<Vec<_>, _>>()?;
-    Ok(Page { items, more })
+/// Up to `limit` rows, fewer when their bodies would pass `max_bytes` (never none):
+/// `more` says there is more either way.
+fn page(rows: Vec<MySqlRow>, limit: u32, max_bytes: usize) -> ApiResult<Page> {
+    let mut items = Vec::new();
+    let mut bytes = 0;
+    for r in rows.iter().take(limit as usize) {
+        let m = message(r)?;
+        bytes += m.body.get().len();
+        if bytes > max_bytes && !items.is_empty() {
+            return Ok(Page { items, more: true });
+        }
+        items.push(m);
+    }
+    Ok(Page { items, more: rows.len() > limit as usize })
 }
 
 /// A page size within 1..=max, `default` when absent.

@@ -91,7 +91,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let process = Process::new();
     let directory = Arc::new(SessionRegistry::default());
     let (marks, flusher) = watermarks::channel(db.clone());
-    let history = History { db: db.clone(), redis: redis.clone(), keys: keys.clone() };
+    let history = History {
+        db: db.clone(),
+        redis: redis.clone(),
+        keys: keys.clone(),
+        page_bytes: cfg.gateway.history_page_bytes,
+    };
     let g = &cfg.gateway;
     let ingress = Ingress {
         redis: redis.clone(),

@@ -117,7 +117,7 @@ async fn fixture(device: &str) -> Fixture {
     let env = SessionEnv {
         redis: pool.clone(),
         keys: keys.clone(),
-        history: History { db: db.clone(), redis: pool.clone(), keys: keys.clone() },
+        history: History { db: db.clone(), redis: pool.clone(), keys: keys.clone(), page_bytes: 1 << 20 },
         ingress: Ingress {
             redis: pool.clone(),
             keys: keys.clone(),

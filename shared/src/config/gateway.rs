@@ -75,6 +75,15 @@ section! {
         pub tenant_send_rate: u32 = "5000",
         /// Sends of one tenant allowed above `gateway.tenant_send_rate` in a burst.
         pub tenant_send_burst: u32 = "10000",
+        /// A write to a client that takes longer closes the connection as half-open (4000).
+        ///
+        /// Its slots are freed; what it had not acked stays pending for its next session.
+        pub write_timeout_ms: u64 = "10000",
+        /// Most bytes of message bodies in one history page (a `history` frame or an HTTP page).
+        ///
+        /// A page ends before it would pass this (it always holds at least one message);
+        /// `more` tells the client to ask for the rest.
+        pub history_page_bytes: usize = "524288",
     }
 }
 
@@ -126,6 +135,18 @@ impl GatewayConfig {
         if self.max_group_size < 2 {
             bad.push("gateway.max_group_size", "must be at least 2");
         }
+        if !(100..=600_000).contains(&self.write_timeout_ms) {
+            bad.push("gateway.write_timeout_ms", "must be 100..=600000");
+        }
+        if !(1_024..=16 << 20).contains(&self.history_page_bytes) {
+            bad.push("gateway.history_page_bytes", "must be 1024..=16777216");
+        }
+    }
+
+    /// The largest text frame the gateway writes: a history page over its byte budget by
+    /// at most one message, with each message's fields around its body.
+    pub fn largest_frame_bytes(&self) -> usize {
+        self.history_page_bytes + self.max_body_bytes * 2 + 64 * 1024
     }
 }
 
