@@ -126,6 +126,8 @@ pub struct Session<S> {
     unconfirmed_reads: Vec<(String, u64)>,
     /// Sends, syncs and reads waiting for their answers; aborted with the session.
     requests: JoinSet<Option<ServerFrame>>,
+    /// A write missed its deadline: the connection is given up.
+    stalled: bool,
 }
 
 impl<S, E> Session<S>
@@ -168,6 +170,7 @@ where
             strikes: Strikes::default(),
             unconfirmed_reads: Vec::new(),
             requests: JoinSet::new(),
+            stalled: false,
             env,
             claims,
             device,
@@ -188,6 +191,7 @@ where
         };
         if let End::Close(code, reason) = end {
             let close = Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }));
+            // Bounded: a stalled peer does not get the write deadline again.
             let _ = tokio::time::timeout(Duration::from_secs(2), self.socket.send(close)).await;
         }
         directory.unregister(&self.device, &self.id);
@@ -224,6 +228,12 @@ where
         let mut tick = tokio::time::interval(Duration::from_millis(self.env.cfg.gateway.heartbeat_ms.min(1_000)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let never = Instant::now() + Duration::from_secs(86_400 * 365);
+        // The token's expiry ends the session (4001): the client reconnects with a new one.
+        let expires = Instant::now()
+            + Duration::from_millis(
+                (self.claims.exp.saturating_mul(1000)).saturating_sub(herald_shared::ids::now_ms()),
+            );
+        let expires = expires.min(never);
         loop {
             if lagged.swap(false, Ordering::AcqRel) {
                 // Dropped pushes are still pending in Redis: read the set again.
@@ -236,6 +246,7 @@ where
             let flow = tokio::select! {
                 biased;
                 _ = drain.cancelled() => ControlFlow::Break(self.drain().await),
+                _ = tokio::time::sleep_until(expires) => ControlFlow::Break(End::Close(CloseCode::Unauthorized, "token expired")),
                 Some(c) = control.recv() => self.on_control(c).await,
                 Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => self.on_answer(answer).await,
                 Some(push) = pushes.recv(), if self.inflight.has_room() => self.on_push(push).await,
@@ -250,6 +261,10 @@ where
             if let ControlFlow::Break(end) = flow {
                 return end;
             }
+            if self.stalled {
+                metrics::counter!("herald_half_open_closes_total").increment(1);
+                return End::Close(CloseCode::HeartbeatTimeout, "writes stalled: half-open");
+            }
         }
     }
 
@@ -258,7 +273,7 @@ where
             Control::Replaced => ControlFlow::Break(End::Close(CloseCode::Replaced, "replaced by a newer session")),
             Control::Read(position) => {
                 self.show_read(position).await;
-                let _ = self.socket.send(Message::Ping(Default::default())).await;
+                self.ping().await;
                 ControlFlow::Continue(())
             }
         }
@@ -304,7 +319,7 @@ where
             }
             ClientFrame::Ack(a) => self.on_ack(a.ids).await,
             ClientFrame::Send(s) => self.on_send(s).await,
-            ClientFrame::Sync(s) => self.on_sync(s),
+            ClientFrame::Sync(s) => self.on_sync(s).await,
             ClientFrame::Read(r) => self.on_read(r).await,
         }
     }
@@ -330,10 +345,28 @@ where
         End::Close(CloseCode::Draining, "server draining; reconnect")
     }
 
-    /// Writes a text frame; false when the socket is gone.
+    /// Writes a text frame; false when the socket is gone or stalled.
     async fn write(&mut self, text: Utf8Bytes) -> bool {
         metrics::counter!("herald_frames_out_total").increment(1);
-        self.socket.send(Message::Text(text)).await.is_ok()
+        self.send_message(Message::Text(text)).await
+    }
+
+    /// Every write has a deadline: a peer that stops reading (a half-open connection
+    /// whose buffers filled) must not hold the session, and its slots, forever.
+    async fn send_message(&mut self, m: Message) -> bool {
+        let deadline = Duration::from_millis(self.env.cfg.gateway.write_timeout_ms);
+        match tokio::time::timeout(deadline, self.socket.send(m)).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                metrics::counter!("herald_write_timeouts_total").increment(1);
+                self.stalled = true;
+                false
+            }
+        }
+    }
+
+    async fn ping(&mut self) {
+        self.send_message(Message::Ping(Default::default())).await;
     }
 
     async fn send_frame(&mut self, frame: impl Into<ServerFrame>) -> bool {

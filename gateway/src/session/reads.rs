@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use axum::extract::ws::Message;
 use fred::interfaces::HashesInterface;
-use futures::{Sink, SinkExt, Stream};
+use futures::{Sink, Stream};
 use herald_shared::protocol::{read_field, ReadPosition};
 use herald_shared::scripts;
 
@@ -35,7 +35,7 @@ where
                 self.show_read(ReadPosition { conv: conv.to_owned(), user: user.to_owned(), seq }).await;
             }
         }
-        let _ = self.socket.send(Message::Ping(Default::default())).await;
+        self.ping().await;
         Ok(())
     }
 

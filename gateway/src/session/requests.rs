@@ -3,27 +3,34 @@
 //! awaited in tasks the session tracks and aborts when it ends; the loop writes them.
 //! Malformed frames and refused requests count as strikes.
 
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
+use std::time::Duration;
 
 use axum::extract::ws::Message;
 use futures::{Sink, Stream};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{CloseCode, ErrorFrame, History, ReadFrame, SendFrame, Sent, ServerFrame, SyncFrame};
 use tokio::task::JoinError;
+use tokio::time::Instant;
 
 use super::{End, Flow, Session};
 use crate::error::ApiError;
 
 /// Protocol errors tolerated before the connection is closed with 4009.
 const MAX_PROTOCOL_ERRORS: u32 = 10;
-/// Rate-limited requests tolerated before the connection is closed with 4008.
-const MAX_RATE_LIMITED: u32 = 100;
+/// Rate-limited requests tolerated within [`RATE_LIMIT_WINDOW`] before the connection
+/// is closed with 4008: a client that keeps ignoring `retry_after_ms`, not a long
+/// session that was refused now and then.
+const MAX_RATE_LIMITED: usize = 100;
+const RATE_LIMIT_WINDOW: Duration = Duration::from_secs(60);
 
 /// Misbehaviour counted over the session.
 #[derive(Debug, Default)]
 pub(super) struct Strikes {
     protocol: u32,
-    rate_limited: u32,
+    /// When recent requests were refused by a rate limit.
+    rate_limited: VecDeque<Instant>,
 }
 
 impl Strikes {
@@ -38,9 +45,12 @@ impl Strikes {
     }
 
     /// A request refused by a rate limit.
-    fn rate_limited(&mut self) -> Flow {
-        self.rate_limited += 1;
-        if self.rate_limited >= MAX_RATE_LIMITED {
+    fn rate_limited(&mut self, now: Instant) -> Flow {
+        while self.rate_limited.front().is_some_and(|t| now.duration_since(*t) >= RATE_LIMIT_WINDOW) {
+            self.rate_limited.pop_front();
+        }
+        self.rate_limited.push_back(now);
+        if self.rate_limited.len() >= MAX_RATE_LIMITED {
             return ControlFlow::Break(End::Close(CloseCode::Policy, "rate limits exceeded repeatedly"));
         }
         ControlFlow::Continue(())
@@ -75,7 +85,7 @@ where
                 .with_ref(Some(s.cmid))
                 .retry_after(wait.as_millis().max(1) as u64);
             self.send_frame(f).await;
-            return self.strikes.rate_limited();
+            return self.strikes.rate_limited(Instant::now());
         }
         let started = std::time::Instant::now();
         // Enqueued here, in arrival order; the commit is awaited in a task.
@@ -98,7 +108,22 @@ where
         ControlFlow::Continue(())
     }
 
-    pub(super) fn on_sync(&mut self, s: SyncFrame) -> Flow {
+    /// `sync` and `read` take from the device's request bucket like sends: each costs a
+    /// MySQL read or a stream entry.
+    async fn limit_request(&mut self, what: &'static str, reference: Option<String>) -> Option<Flow> {
+        let wait = crate::limits::take(&self.send_bucket, 1).err()?;
+        metrics::counter!("herald_rate_limited_total", "what" => what).increment(1);
+        let f = ErrorFrame::new(ErrorCode::RateLimited, format!("too many {what} requests; retry later"))
+            .with_ref(reference)
+            .retry_after(wait.as_millis().max(1) as u64);
+        self.send_frame(f).await;
+        Some(self.strikes.rate_limited(Instant::now()))
+    }
+
+    pub(super) async fn on_sync(&mut self, s: SyncFrame) -> Flow {
+        if let Some(flow) = self.limit_request("sync", s.reference.clone()).await {
+            return flow;
+        }
         let limit = s.limit.unwrap_or(100).clamp(1, 1_000);
         let history = self.env.history.clone();
         let (tenant, user) = (self.claims.tid.clone(), self.claims.sub.clone());
@@ -112,6 +137,9 @@ where
     }
 
     pub(super) async fn on_read(&mut self, r: ReadFrame) -> Flow {
+        if let Some(flow) = self.limit_request("read", None).await {
+            return flow;
+        }
         let ingress = self.env.ingress.clone();
         match ingress.enqueue_read(&self.claims, r.conv, r.seq).await {
             Err(e) => {
@@ -133,5 +161,34 @@ where
             }
         }
         ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limit_strikes_count_within_a_sliding_window() {
+        let mut s = Strikes::default();
+        for _ in 0..MAX_RATE_LIMITED - 1 {
+            assert!(s.rate_limited(Instant::now()).is_continue());
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        // 99 refusals spread over 99 s: the oldest have left the window.
+        assert!(s.rate_limited(Instant::now()).is_continue(), "a long session refused now and then is not closed");
+        for _ in 0..MAX_RATE_LIMITED - 1 {
+            let _ = s.rate_limited(Instant::now());
+        }
+        assert!(s.rate_limited(Instant::now()).is_break(), "100 refusals within a minute close it");
+    }
+
+    #[test]
+    fn the_tenth_protocol_error_closes() {
+        let mut s = Strikes::default();
+        for _ in 0..MAX_PROTOCOL_ERRORS - 1 {
+            assert!(s.protocol().is_continue());
+        }
+        assert!(matches!(s.protocol(), ControlFlow::Break(End::Close(CloseCode::Protocol, _))));
     }
 }

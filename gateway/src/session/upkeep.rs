@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use axum::extract::ws::Message;
-use futures::{Sink, SinkExt, Stream};
+use futures::{Sink, Stream};
 use herald_shared::protocol::CloseCode;
 use tokio::time::Instant;
 
@@ -40,7 +40,7 @@ where
             metrics::counter!("herald_ack_timeouts_total").increment(1);
         }
         if beat.ping {
-            let _ = self.socket.send(Message::Ping(Default::default())).await;
+            self.ping().await;
         }
         if beat.keepalive && self.presence.keep(self.env.redis.next()).await {
             // The presence expired (Redis paused) or went with the data of the user's
