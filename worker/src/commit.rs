@@ -37,6 +37,9 @@ pub struct BatchResult {
     pub recipients: Vec<Recipient>,
 }
 
+/// The answer to a cmid reused for another conversation.
+const CMID_REUSED: &str = "this cmid was already used for a message to another conversation";
+
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {
     #[error("mysql: {0}")]
@@ -176,7 +179,12 @@ impl CommitPipeline {
         for (i, e) in entries.iter().enumerate() {
             let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
             if let Some(r) = existing.get(&dedup_key) {
-                result.outcomes.push(Outcome::Done(r.clone()));
+                result.outcomes.push(if r.conv == e.conv {
+                    Outcome::Done(r.clone())
+                } else {
+                    // Not a repeat: another message under a cmid already used.
+                    Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
+                });
                 continue;
             }
             if let Some(&first) = seen_in_batch.get(&dedup_key) {
@@ -222,7 +230,11 @@ impl CommitPipeline {
         }
         for (i, first) in repeats {
             if let Outcome::Done(r) = &result.outcomes[first] {
-                result.outcomes[i] = Outcome::Done(SendResult { dup: true, ..r.clone() });
+                result.outcomes[i] = if r.conv == entries[i].conv {
+                    Outcome::Done(SendResult { dup: true, ..r.clone() })
+                } else {
+                    Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
+                };
             }
         }
 
