@@ -31,6 +31,10 @@ pub struct History {
 pub struct Page {
     pub items: Vec<Message>,
     pub more: bool,
+    /// A conversation's page: the caller's membership starts after this seq (it
+    /// joined then), so a client holds no gap below it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub joined_seq: Option<u64>,
 }
 
 const MESSAGE_COLUMNS: &str =
@@ -92,7 +96,9 @@ impl History {
         .bind(limit + 1)
         .fetch_all(&self.db)
         .await?;
-        page(rows, limit, self.page_bytes)
+        let mut page = page(rows, limit, self.page_bytes)?;
+        page.joined_seq = Some(joined);
+        Ok(page)
     }
 
     /// Every message of every conversation of the user with id > `after`, in id order.
@@ -209,11 +215,11 @@ fn page(rows: Vec<MySqlRow>, limit: u32, max_bytes: usize) -> ApiResult<Page> {
         let m = message(r)?;
         bytes += m.body.get().len();
         if bytes > max_bytes && !items.is_empty() {
-            return Ok(Page { items, more: true });
+            return Ok(Page { items, more: true, joined_seq: None });
         }
         items.push(m);
     }
-    Ok(Page { items, more: rows.len() > limit as usize })
+    Ok(Page { items, more: rows.len() > limit as usize, joined_seq: None })
 }
 
 /// A page size within 1..=max, `default` when absent.

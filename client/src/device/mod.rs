@@ -344,6 +344,9 @@ impl Session<'_> {
                                         self.observer.caught_up(self.started.elapsed());
                                     }
                                     ServerFrame::History(h) => {
+                                        if let Some(joined) = h.joined_seq {
+                                            self.st.joined(&h.conv, joined);
+                                        }
                                         for m in &h.items {
                                             self.st.arrive(m.id.0, &h.conv, m.seq, Via::Sync);
                                         }

@@ -58,6 +58,24 @@ impl State {
         }
     }
 
+    /// The device's membership of `conv` starts after `seq` (a history page says so):
+    /// nothing below it will come, so what waits just above it is shown.
+    pub(super) fn joined(&mut self, conv: &str, seq: u64) {
+        let t = self.timelines.entry(conv.to_owned()).or_default();
+        if t.shown >= seq {
+            return;
+        }
+        t.shown = seq;
+        t.waiting.retain(|s, _| *s > seq);
+        while let Some(id) = t.waiting.remove(&(t.shown + 1)) {
+            t.shown += 1;
+            self.log.shown.push(Shown { id, conv: conv.to_owned(), seq: t.shown });
+        }
+        if t.waiting.is_empty() {
+            t.gap_since = None;
+        }
+    }
+
     /// Conversations whose gap has been open long enough: (conv, after_seq).
     pub(super) fn gaps_to_fill(&mut self, now: Instant, after: Duration) -> Vec<(String, u64)> {
         let mut out = Vec::new();
@@ -89,6 +107,19 @@ mod tests {
         st.arrive(12, "c", 2, Via::Backlog);
         assert_eq!(st.log.shown.iter().map(|s| s.id).collect::<Vec<_>>(), [11, 12, 13]);
         assert_eq!(st.log.arrivals.len(), 4);
+    }
+
+    #[test]
+    fn a_late_member_shows_from_where_it_joined() {
+        let mut st = State::default();
+        st.arrive(42, "c", 41, Via::Realtime);
+        st.arrive(43, "c", 42, Via::Realtime);
+        assert!(st.log.shown.is_empty(), "held above a gap from seq 1");
+        st.joined("c", 40);
+        assert_eq!(st.log.shown.iter().map(|s| s.seq).collect::<Vec<_>>(), [41, 42]);
+        st.joined("c", 10);
+        st.arrive(44, "c", 43, Via::Realtime);
+        assert_eq!(st.log.shown.len(), 3, "an older joined_seq changes nothing");
     }
 
     #[test]

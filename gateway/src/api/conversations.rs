@@ -266,7 +266,7 @@ pub async fn list(
         }
     };
     let mut qb = QueryBuilder::<MySql>::new(
-        "SELECT c.id, c.kind, c.title, c.last_seq, m.read_seq, c.last_active_at, c.last_msg_id FROM members m \
+        "SELECT c.id, c.kind, c.title, c.last_seq, m.read_seq, c.last_active_at, c.last_msg_id, m.joined_seq FROM members m \
          JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conv_id \
          WHERE m.tenant_id = ",
     );
@@ -300,6 +300,7 @@ pub async fn list(
             "title": r.opt_text(2)?,
             "last_seq": last_seq,
             "read_seq": read_seq.min(last_seq),
+            "joined_seq": r.try_get::<u64, _>(7)?,
             "unread": last_seq.saturating_sub(read_seq),
             "last_message_id": last_msg.map(|m| m.to_string()),
         }));

@@ -129,7 +129,14 @@ where
         let (tenant, user) = (self.claims.tid.clone(), self.claims.sub.clone());
         self.requests.spawn(async move {
             Some(match history.conversation(&tenant, &user, &s.conv, s.after_seq, limit).await {
-                Ok(p) => History { conv: s.conv, items: p.items, more: p.more, reference: s.reference }.into(),
+                Ok(p) => History {
+                    conv: s.conv,
+                    items: p.items,
+                    more: p.more,
+                    reference: s.reference,
+                    joined_seq: p.joined_seq,
+                }
+                .into(),
                 Err(e) => error_of(e, s.reference),
             })
         });

@@ -73,6 +73,10 @@ pub struct History {
     /// The request's `ref` (null when it had none).
     #[serde(rename = "ref", default)]
     pub reference: Option<String>,
+    /// The caller's membership starts after this seq: there is nothing to show below it.
+    /// Absent from servers older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_seq: Option<u64>,
 }
 
 /// The answer to `ping`.
@@ -258,9 +262,10 @@ mod tests {
                 items: vec![message(1 << 60, 1), message((1 << 60) + 1, 2)],
                 more: true,
                 reference: Some("r".into()),
+                joined_seq: Some(7),
             }
             .into(),
-            History { conv: "c1".into(), items: vec![], more: false, reference: None }.into(),
+            History { conv: "c1".into(), items: vec![], more: false, reference: None, joined_seq: None }.into(),
             Pong { ts: 42 }.into(),
             ErrorFrame::new(ErrorCode::RateLimited, "slow down").with_ref(Some("m-2".into())).retry_after(250).into(),
             ErrorFrame::new(ErrorCode::Forbidden, "not a member").into(),
@@ -288,7 +293,14 @@ mod tests {
         assert!(text.contains(r#""body":{"text": "hi", "n": [1, 2.5]}"#), "the body is kept byte for byte: {text}");
         let e = ServerFrame::from(ErrorFrame::new(ErrorCode::Internal, "x")).to_json();
         assert_eq!(e, r#"{"t":"error","code":"internal","message":"x"}"#);
-        let h = ServerFrame::from(History { conv: "c".into(), items: vec![], more: false, reference: None }).to_json();
+        let h = ServerFrame::from(History {
+            conv: "c".into(),
+            items: vec![],
+            more: false,
+            reference: None,
+            joined_seq: None,
+        })
+        .to_json();
         assert_eq!(h, r#"{"t":"history","conv":"c","items":[],"more":false,"ref":null}"#);
     }
 
