@@ -39,11 +39,11 @@ section! {
         pub realtime_queue: usize = "1024",
         /// How long a draining gateway spreads `reconnect` hints and waits for sessions.
         pub drain_ms: u64 = "10000",
-        /// How far a device's watermark stays behind now.
+        /// How far a device's watermark stays behind now (30 minutes).
         ///
-        /// It must cover commit latency, clock skew between processes and fan-out delays,
-        /// or a rebuild after Redis data loss could miss a message.
-        pub watermark_margin_ms: u64 = "300000",
+        /// It must cover commit latency, clock skew and the outbox's whole retry schedule
+        /// (checked at start), or a rebuild after Redis data loss could miss a message.
+        pub watermark_margin_ms: u64 = "1800000",
         /// How often a session reports its watermark (flushed to MySQL in batches).
         pub watermark_flush_ms: u64 = "5000",
         /// Backlog messages per second per desktop, web or server device.

@@ -205,6 +205,18 @@ impl Config {
         self.worker.validate(&mut bad);
         self.delivery.validate(&mut bad);
         self.outbox.validate(&mut bad);
+        // A fan-out the outbox still retries must find its message above the watermark,
+        // or a Redis data loss in between would lose it (docs/reliability.md).
+        let retry = self.outbox.retry_window_ms();
+        if self.gateway.watermark_margin_ms < retry {
+            bad.push(
+                "gateway.watermark_margin_ms",
+                &format!(
+                    "must be at least the outbox's whole retry schedule, {retry} ms (outbox.first_retry_delay_ms, \
+                     every outbox.backoff_ms up to outbox.max_attempts, and outbox.sending_stale_ms)"
+                ),
+            );
+        }
     }
 }
 

@@ -32,6 +32,14 @@ section! {
 }
 
 impl OutboxConfig {
+    /// How long after its commit an event may still be fanned out: due after the first
+    /// delay, then each failed attempt's backoff, and a claim gone stale once more.
+    pub fn retry_window_ms(&self) -> u64 {
+        let backoff = |n: usize| self.backoff_ms.get(n).or(self.backoff_ms.last()).copied().unwrap_or(0);
+        let retries: u64 = (0..self.max_attempts as usize).map(backoff).sum();
+        self.first_retry_delay_ms + retries + self.sending_stale_ms
+    }
+
     pub(super) fn validate(&self, bad: &mut Problems) {
         if self.backoff_ms.is_empty() {
             bad.push("outbox.backoff_ms", "needs at least one delay");
@@ -76,5 +84,37 @@ mod tests {
         }
         assert_eq!(stale("500", "1001"), Ok(1_001));
         assert_eq!(stale("5000", "1500"), Ok(1_500), "as the reclaim end-to-end test sets it");
+    }
+
+    #[test]
+    fn the_watermark_margin_must_cover_the_outbox_retry_window() {
+        let o = super::OutboxConfig::default();
+        assert_eq!(o.retry_window_ms(), 5_000 + 5_000 + 20_000 + 80_000 + 320_000 + 1_280_000 + 60_000);
+        assert!(load(Role::Gateway, &[], &env(&[SECRET])).is_ok(), "the defaults agree");
+        let short = env(&[SECRET, ("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1000")]);
+        let err = load(Role::Worker, &[], &short).unwrap_err().to_string();
+        assert!(
+            err.contains("gateway.watermark_margin_ms: must be at least the outbox's whole retry schedule"),
+            "{err}"
+        );
+        let fast_outbox = env(&[
+            SECRET,
+            ("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1000"),
+            ("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "100"),
+            ("HERALD_OUTBOX__BACKOFF_MS", "100"),
+            ("HERALD_OUTBOX__MAX_ATTEMPTS", "3"),
+            ("HERALD_OUTBOX__SENDING_STALE_MS", "1500"),
+        ]);
+        let err = load(Role::Gateway, &[], &fast_outbox).unwrap_err().to_string();
+        assert!(err.contains("1900 ms"), "100 + 3 x 100 + 1500: {err}");
+        let fits = env(&[
+            SECRET,
+            ("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1900"),
+            ("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "100"),
+            ("HERALD_OUTBOX__BACKOFF_MS", "100"),
+            ("HERALD_OUTBOX__MAX_ATTEMPTS", "3"),
+            ("HERALD_OUTBOX__SENDING_STALE_MS", "1500"),
+        ]);
+        assert!(load(Role::Gateway, &[], &fits).is_ok());
     }
 }

@@ -28,10 +28,15 @@ section! {
     }
 }
 
+/// The largest batch whose INSERT stays within MySQL's 65 535 placeholders.
+pub const MAX_BATCH: usize = 65_535 / 9;
+
 impl WorkerConfig {
     pub(super) fn validate(&self, bad: &mut Problems) {
-        if self.batch_max == 0 || self.batch_max > 10_000 {
-            bad.push("worker.batch_max", "must be 1..=10000");
+        // A batch's message rows are one INSERT of 9 placeholders each, and MySQL takes
+        // at most 65 535 placeholders in one statement.
+        if self.batch_max == 0 || self.batch_max > MAX_BATCH {
+            bad.push("worker.batch_max", &format!("must be 1..={MAX_BATCH} (MySQL's placeholder limit)"));
         }
         if self.lease_ttl_ms < 300 {
             bad.push("worker.lease_ttl_ms", "must be at least 300");
@@ -39,5 +44,19 @@ impl WorkerConfig {
         if self.db_pool_size == 0 {
             bad.push("worker.db_pool_size", "must be positive");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{env, SECRET};
+    use super::super::{load, Role};
+
+    #[test]
+    fn a_batch_over_mysqls_placeholder_limit_is_refused() {
+        let at = |n: &str| load(Role::Worker, &[], &env(&[SECRET, ("HERALD_WORKER__BATCH_MAX", n)]));
+        assert!(at("7281").is_ok());
+        let err = at("7282").unwrap_err().to_string();
+        assert!(err.contains("worker.batch_max: must be 1..=7281"), "{err}");
     }
 }
