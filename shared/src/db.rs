@@ -62,6 +62,48 @@ pub async fn migrations_applied(pool: &MySqlPool) -> bool {
     matches!(applied, Ok(Some(v)) if v >= latest)
 }
 
+/// The server settings that decide whether a COMMIT survives a crash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Durability {
+    pub innodb_flush_log_at_trx_commit: u64,
+    pub sync_binlog: u64,
+    pub log_bin: bool,
+}
+
+impl Durability {
+    /// What is not durable, in words for the log; empty when every commit is.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.innodb_flush_log_at_trx_commit != 1 {
+            out.push(format!(
+                "innodb_flush_log_at_trx_commit is {}: a crash of the database host can lose acknowledged messages (set it to 1)",
+                self.innodb_flush_log_at_trx_commit
+            ));
+        }
+        if self.log_bin && self.sync_binlog != 1 {
+            out.push(format!(
+                "sync_binlog is {} with the binary log on: a replica promoted after a crash can lack acknowledged messages (set it to 1)",
+                self.sync_binlog
+            ));
+        }
+        out
+    }
+}
+
+/// Reads the durability settings of the server behind `pool`.
+pub async fn durability(pool: &MySqlPool) -> Result<Durability, sqlx::Error> {
+    let (flush, sync, log_bin): (i64, i64, i64) = sqlx::query_as(
+        "SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED), CAST(@@sync_binlog AS SIGNED), CAST(@@log_bin AS SIGNED)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Durability {
+        innodb_flush_log_at_trx_commit: flush.max(0) as u64,
+        sync_binlog: sync.max(0) as u64,
+        log_bin: log_bin != 0,
+    })
+}
+
 /// Reads text columns. Herald's identifiers are compared byte-wise (`utf8mb4_bin`:
 /// `Alice` and `alice` are different users, `m1` and `M1` different cmids), and MySQL
 /// flags such columns BINARY, which sqlx refuses to decode as `String`. These read
@@ -80,5 +122,20 @@ impl TextColumns for sqlx::mysql::MySqlRow {
     fn opt_text(&self, index: usize) -> Result<Option<String>, sqlx::Error> {
         use sqlx::Row;
         self.try_get_unchecked::<Option<String>, _>(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_flush_at_every_commit_and_a_synced_binlog_are_durable() {
+        let d = |flush, sync, log_bin| Durability { innodb_flush_log_at_trx_commit: flush, sync_binlog: sync, log_bin };
+        assert!(d(1, 1, true).problems().is_empty());
+        assert!(d(1, 0, false).problems().is_empty(), "sync_binlog does not matter without a binlog");
+        assert_eq!(d(2, 1, true).problems().len(), 1);
+        assert!(d(1, 0, true).problems()[0].contains("sync_binlog is 0"));
+        assert_eq!(d(0, 0, true).problems().len(), 2);
     }
 }

@@ -136,13 +136,34 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 }
 
 /// Keeps `/readyz` current: MySQL answers with the schema applied, Redis leases work.
+/// Also checks, now and then, that MySQL makes every commit durable.
 async fn health_loop(shared: Arc<WorkerContext>, ready: Readiness, cancel: CancellationToken) {
+    let mut rounds: u64 = 0;
     loop {
+        if rounds.is_multiple_of(600) {
+            check_durability(&shared.db).await;
+        }
+        rounds += 1;
         let db_ok = herald_shared::db::migrations_applied(&shared.db).await;
         ready.set_dependencies(db_ok && shared.balancer_ok.load(std::sync::atomic::Ordering::Acquire));
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
+    }
+}
+
+/// Warns (log and `herald_mysql_durable` 0) when MySQL may lose a committed message in a
+/// crash: Herald's `sent` promises the message survives one.
+async fn check_durability(db: &sqlx::MySqlPool) {
+    match herald_shared::db::durability(db).await {
+        Ok(d) => {
+            let problems = d.problems();
+            metrics::gauge!("herald_mysql_durable").set(if problems.is_empty() { 1.0 } else { 0.0 });
+            for p in problems {
+                tracing::warn!(problem = %p, "MySQL is not configured for durable commits");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "durability settings not readable yet"),
     }
 }
