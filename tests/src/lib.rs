@@ -10,9 +10,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
+use herald_client::{token, HttpClient, WsClient, WsEvent};
 use herald_shared::auth::Platform;
-use herald_shared::client::{token, HttpClient};
+use herald_shared::ids::MsgId;
 use herald_shared::keys::Keys;
+use herald_shared::protocol::{AckFrame, ClientFrame, SendFrame, ServerFrame};
 use sqlx::mysql::MySqlPool;
 use tokio::process::{Child, Command};
 
@@ -394,9 +396,27 @@ pub async fn pending_ids(redis: &Client, keys: &Keys, user: &str, device: &str) 
     members.iter().map(|m| m.parse::<u64>().expect("fixed-width id member")).collect()
 }
 
+/// A `send` frame with a JSON body.
+pub fn send_frame(cmid: &str, conv: &str, body: &serde_json::Value) -> ClientFrame {
+    let body = serde_json::value::to_raw_value(body).expect("a JSON value serializes");
+    ClientFrame::Send(SendFrame { cmid: cmid.into(), conv: conv.into(), body })
+}
+
+/// An `ack` frame of these ids.
+pub fn ack_frame(ids: impl IntoIterator<Item = MsgId>) -> ClientFrame {
+    ClientFrame::Ack(AckFrame { ids: ids.into_iter().collect() })
+}
+
 /// (conv, seq, id)
 pub type Seen = (String, u64, u64);
 type Shared<T> = std::sync::Arc<std::sync::Mutex<T>>;
+
+/// What a test asks its device to send.
+enum Outgoing {
+    Frame(ClientFrame),
+    /// Any JSON, for frames a well-behaved client never sends.
+    Json(serde_json::Value),
+}
 
 /// A connected device that acks every `msg` at once and records what it saw.
 pub struct AutoDevice {
@@ -406,10 +426,10 @@ pub struct AutoDevice {
     pub received: Shared<Vec<Seen>>,
     /// Answers to this device's sends, by cmid.
     pub sent: Shared<std::collections::HashMap<String, Seen>>,
-    outbox: tokio::sync::mpsc::Sender<serde_json::Value>,
+    outbox: tokio::sync::mpsc::Sender<Outgoing>,
     pub closed: Shared<Option<Option<u16>>>,
-    /// Every frame other than `msg` and `sent`, in arrival order.
-    pub others: Shared<Vec<serde_json::Value>>,
+    /// Every frame after `hello` other than `msg` and `sent`, in arrival order.
+    pub others: Shared<Vec<ServerFrame>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -420,42 +440,39 @@ impl AutoDevice {
 
     /// `None` when the gateway is unreachable or closes before `hello`.
     pub async fn connect_soft(base: &str, token: &str, user: &str, device: &str) -> Option<AutoDevice> {
-        use herald_shared::client::{WsClient, WsEvent};
         let mut ws = WsClient::connect(base, token).await.ok()?;
         let hello = ws.next(Duration::from_secs(10)).await;
-        if !matches!(&hello, Some(WsEvent::Frame(f)) if f["t"] == "hello") {
+        if !matches!(&hello, Some(WsEvent::Frame(ServerFrame::Hello(_)))) {
             return None;
         }
         let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sent = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
         let closed = std::sync::Arc::new(std::sync::Mutex::new(None));
         let others = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (outbox, mut rx) = tokio::sync::mpsc::channel::<serde_json::Value>(1024);
+        let (outbox, mut rx) = tokio::sync::mpsc::channel::<Outgoing>(1024);
         let (r, s, cl, o) = (received.clone(), sent.clone(), closed.clone(), others.clone());
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    out = rx.recv() => match out {
-                        Some(f) => { if ws.send(&f).await.is_err() { break; } }
-                        None => { ws.close().await; break; }
-                    },
+                    out = rx.recv() => {
+                        let sent = match out {
+                            Some(Outgoing::Frame(f)) => ws.send(&f).await,
+                            Some(Outgoing::Json(v)) => ws.send_json(&v).await,
+                            None => { ws.close().await; break; }
+                        };
+                        if sent.is_err() { break; }
+                    }
                     ev = ws.next(Duration::from_secs(3600)) => match ev {
-                        Some(WsEvent::Frame(f)) => match f["t"].as_str() {
-                            Some("msg") => {
-                                let id = f["id"].as_str().unwrap().to_string();
-                                r.lock().unwrap().push((f["conv"].as_str().unwrap().to_string(), f["seq"].as_u64().unwrap(), id.parse().unwrap()));
-                                if ws.send(&serde_json::json!({"t": "ack", "ids": [id]})).await.is_err() { break; }
-                            }
-                            Some("sent") => {
-                                s.lock().unwrap().insert(
-                                    f["cmid"].as_str().unwrap().to_string(),
-                                    (f["conv"].as_str().unwrap().to_string(), f["seq"].as_u64().unwrap(), f["id"].as_str().unwrap().parse().unwrap()),
-                                );
-                            }
-                            _ => o.lock().unwrap().push(f),
-                        },
+                        Some(WsEvent::Frame(ServerFrame::Msg(m))) => {
+                            r.lock().unwrap().push((m.conv.clone(), m.seq, m.id.0));
+                            if ws.send(&ack_frame([m.id])).await.is_err() { break; }
+                        }
+                        Some(WsEvent::Frame(ServerFrame::Sent(a))) => {
+                            s.lock().unwrap().insert(a.cmid.clone(), (a.conv.clone(), a.seq, a.id.0));
+                        }
+                        Some(WsEvent::Frame(f)) => o.lock().unwrap().push(f),
+                        Some(WsEvent::Other(_)) | None => {}
                         Some(WsEvent::Closed(code)) => { *cl.lock().unwrap() = Some(code); break; }
-                        None => {}
                     },
                 }
             }
@@ -464,15 +481,17 @@ impl AutoDevice {
     }
 
     /// Sends any frame.
+    pub async fn send_frame(&self, frame: ClientFrame) {
+        self.outbox.send(Outgoing::Frame(frame)).await.expect("device running");
+    }
+
+    /// Sends any JSON (for frames a well-behaved client never sends).
     pub async fn send_raw(&self, frame: serde_json::Value) {
-        self.outbox.send(frame).await.expect("device running");
+        self.outbox.send(Outgoing::Json(frame)).await.expect("device running");
     }
 
     pub async fn send(&self, cmid: &str, conv: &str, body: serde_json::Value) {
-        self.outbox
-            .send(serde_json::json!({"t": "send", "cmid": cmid, "conv": conv, "body": body}))
-            .await
-            .expect("device running");
+        self.send_frame(send_frame(cmid, conv, &body)).await;
     }
 
     /// Ids received so far (repeats dropped).
