@@ -1,26 +1,65 @@
-//! AutoDevice: a connected device that acks every message at once and records what it
-//! saw, for tests that check what reached whom.
+//! AutoDevice: the client library's `Device` for one session, recording what it saw
+//! (every message, the answers to its sends, every other frame, the close code) for
+//! tests that check what reached whom.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use herald_client::{WsClient, WsEvent};
-use herald_shared::protocol::{ClientFrame, ServerFrame};
+use herald_client::device::{Device, DeviceSpec, Observer, Status, Via};
+use herald_shared::protocol::{ClientFrame, Message, ServerFrame};
 
-use crate::{ack_frame, send_frame};
+use crate::send_frame;
 
 /// (conv, seq, id)
 pub type Seen = (String, u64, u64);
-type Shared<T> = std::sync::Arc<std::sync::Mutex<T>>;
+type Shared<T> = Arc<Mutex<T>>;
 
-/// What a test asks its device to send.
-enum Outgoing {
-    Frame(ClientFrame),
-    /// Any JSON, for frames a well-behaved client never sends.
-    Json(serde_json::Value),
+/// Longer than any test: an AutoDevice never fills a gap with `sync`. Tests check what
+/// was pushed to it, and a device that joined a conversation late or sent into it sees
+/// gaps that are no loss.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How long `connect_soft` waits for `hello`: the device's own connect and hello
+/// timeouts (10 s each), and a margin.
+const HELLO_WITHIN: Duration = Duration::from_secs(25);
+
+/// The device's observer: records into the vectors and maps the AutoDevice shares.
+struct Recorder {
+    received: Shared<Vec<Seen>>,
+    sent: Shared<HashMap<String, Seen>>,
+    others: Shared<Vec<ServerFrame>>,
+    closed: Shared<Option<Option<u16>>>,
+    hello: AtomicBool,
 }
 
-/// A connected device that acks every `msg` at once and records what it saw.
+impl Observer for Recorder {
+    fn message(&self, msg: &Message, _via: Via, _into_session: Duration) {
+        self.received.lock().unwrap().push((msg.conv.clone(), msg.seq, msg.id.0));
+    }
+
+    fn caught_up(&self, _after: Duration) {}
+
+    fn online(&self, _up: bool) {}
+
+    fn frame(&self, frame: &ServerFrame) {
+        match frame {
+            ServerFrame::Hello(_) => self.hello.store(true, Ordering::SeqCst),
+            ServerFrame::Sent(s) => {
+                self.sent.lock().unwrap().insert(s.cmid.clone(), (s.conv.clone(), s.seq, s.id.0));
+            }
+            other => self.others.lock().unwrap().push(other.clone()),
+        }
+    }
+
+    fn closed(&self, code: Option<u16>) {
+        *self.closed.lock().unwrap() = Some(code);
+    }
+}
+
+/// A connected device that acks every `msg` at once and records what it saw: the
+/// client library's [`Device`] with one session (no reconnect, no gap filling).
 pub struct AutoDevice {
     pub user: String,
     pub device: String,
@@ -28,11 +67,13 @@ pub struct AutoDevice {
     pub received: Shared<Vec<Seen>>,
     /// Answers to this device's sends, by cmid.
     pub sent: Shared<HashMap<String, Seen>>,
-    outbox: tokio::sync::mpsc::Sender<Outgoing>,
+    /// The server's close code once the session was closed (`Some(None)`: lost without
+    /// a close frame).
     pub closed: Shared<Option<Option<u16>>>,
-    /// Every frame after `hello` other than `msg` and `sent`, in arrival order.
+    /// Every frame after `hello` other than `msg` and `sent`, in arrival order (with the
+    /// `pong`s to the device's own pings).
     pub others: Shared<Vec<ServerFrame>>,
-    task: tokio::task::JoinHandle<()>,
+    inner: Device,
 }
 
 impl AutoDevice {
@@ -42,54 +83,43 @@ impl AutoDevice {
 
     /// `None` when the gateway is unreachable or closes before `hello`.
     pub async fn connect_soft(base: &str, token: &str, user: &str, device: &str) -> Option<AutoDevice> {
-        let mut ws = WsClient::connect(base, token).await.ok()?;
-        let hello = ws.next(Duration::from_secs(10)).await;
-        if !matches!(&hello, Some(WsEvent::Frame(ServerFrame::Hello(_)))) {
+        let recorder = Arc::new(Recorder {
+            received: Shared::default(),
+            sent: Shared::default(),
+            others: Shared::default(),
+            closed: Shared::default(),
+            hello: AtomicBool::new(false),
+        });
+        let spec = DeviceSpec {
+            reconnect: false,
+            gap_sync_after: NEVER,
+            ..DeviceSpec::new(user, device, token, vec![base.to_owned()])
+        };
+        let inner = Device::spawn(spec, recorder.clone());
+        // A session that said hello and ended at once still said hello.
+        if !inner.wait_online(HELLO_WITHIN).await && !recorder.hello.load(Ordering::SeqCst) {
+            inner.stop().await;
             return None;
         }
-        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sent = std::sync::Arc::new(std::sync::Mutex::new(HashMap::new()));
-        let closed = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let others = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (outbox, mut rx) = tokio::sync::mpsc::channel::<Outgoing>(1024);
-        let (r, s, cl, o) = (received.clone(), sent.clone(), closed.clone(), others.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    out = rx.recv() => {
-                        let sent = match out {
-                            Some(Outgoing::Frame(f)) => ws.send(&f).await,
-                            Some(Outgoing::Json(v)) => ws.send_json(&v).await,
-                            None => { ws.close().await; break; }
-                        };
-                        if sent.is_err() { break; }
-                    }
-                    ev = ws.next(Duration::from_secs(3600)) => match ev {
-                        Some(WsEvent::Frame(ServerFrame::Msg(m))) => {
-                            r.lock().unwrap().push((m.conv.clone(), m.seq, m.id.0));
-                            if ws.send(&ack_frame([m.id])).await.is_err() { break; }
-                        }
-                        Some(WsEvent::Frame(ServerFrame::Sent(a))) => {
-                            s.lock().unwrap().insert(a.cmid.clone(), (a.conv.clone(), a.seq, a.id.0));
-                        }
-                        Some(WsEvent::Frame(f)) => o.lock().unwrap().push(f),
-                        Some(WsEvent::Other(_)) | None => {}
-                        Some(WsEvent::Closed(code)) => { *cl.lock().unwrap() = Some(code); break; }
-                    },
-                }
-            }
-        });
-        Some(AutoDevice { user: user.into(), device: device.into(), received, sent, outbox, closed, others, task })
+        Some(AutoDevice {
+            user: user.into(),
+            device: device.into(),
+            received: recorder.received.clone(),
+            sent: recorder.sent.clone(),
+            closed: recorder.closed.clone(),
+            others: recorder.others.clone(),
+            inner,
+        })
     }
 
     /// Sends any frame.
     pub async fn send_frame(&self, frame: ClientFrame) {
-        self.outbox.send(Outgoing::Frame(frame)).await.expect("device running");
+        self.inner.send(frame).await.expect("device running");
     }
 
     /// Sends any JSON (for frames a well-behaved client never sends).
     pub async fn send_raw(&self, frame: serde_json::Value) {
-        self.outbox.send(Outgoing::Json(frame)).await.expect("device running");
+        self.inner.send_text(frame.to_string()).await.expect("device running");
     }
 
     pub async fn send(&self, cmid: &str, conv: &str, body: serde_json::Value) {
@@ -101,12 +131,12 @@ impl AutoDevice {
         self.received.lock().unwrap().iter().map(|(_, _, id)| *id).collect()
     }
 
+    /// The session is over: closed by the server, or lost.
     pub fn is_closed(&self) -> bool {
-        self.closed.lock().unwrap().is_some()
+        self.inner.status() == Status::Ended
     }
 
     pub async fn stop(self) {
-        drop(self.outbox);
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.inner.stop()).await;
     }
 }
