@@ -9,7 +9,8 @@
 //! - [`RedisServer`] (`redis_server`): a private `redis-server` a test may kill.
 //! - [`AdminClient`] (`admin`): the worker's admin API.
 //! - [`AutoDevice`] (`device`): a device that acks everything and records what it saw.
-//! - [`pending_ids`] (`backlog`): what a device's backlog holds.
+//! - [`fill_backlog`], [`pending_ids`] (`backlog`): filling a device's backlog, and what
+//!   it holds.
 //! - [`send_frame`], [`ack_frame`] (`frames`): client frames tests build often.
 //! - [`eventually`] (`wait`): polling until a condition holds.
 //! - [`drill`], [`faults`], [`redis_cluster`]: fault drills, injected faults, Redis Cluster.
@@ -27,7 +28,7 @@ pub mod faults;
 pub mod redis_cluster;
 
 pub use admin::AdminClient;
-pub use backlog::pending_ids;
+pub use backlog::{fill_backlog, pending_ids, Fill};
 pub use cluster::{bin, shared_redis_url, Cluster, Proc};
 pub use device::{AutoDevice, Seen};
 pub use frames::{ack_frame, send_frame};

@@ -7,13 +7,11 @@
 
 use std::time::Duration;
 
-use fred::prelude::*;
 use herald_client::{token, WsClient, WsEvent};
 use herald_shared::auth::Platform;
 use herald_shared::ids::MsgId;
-use herald_shared::protocol::{msg_frame, Hello, Message, ServerFrame};
-use herald_tests::{ack_frame, eventually, pending_ids, Cluster, SECRET, TENANT};
-use serde_json::value::RawValue;
+use herald_shared::protocol::{Hello, ServerFrame};
+use herald_tests::{ack_frame, eventually, fill_backlog, pending_ids, Cluster, Fill, SECRET, TENANT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dense_ids_above_2_pow_62_are_paged_exactly_once_in_order() {
@@ -32,28 +30,8 @@ async fn dense_ids_above_2_pow_62_are_paged_exactly_once_in_order() {
     let start = 1u64 << 62;
     let mut ids: Vec<u64> = (start..start + 1_300).collect();
     ids.extend((1..=40).map(|k| start + 1_300 + k * 977));
+    fill_backlog(&c, "pat", "desk", "pc", Fill::Written { ids: &ids }).await;
     let (redis, keys) = (c.redis().await, c.keys());
-    let key = keys.pending(TENANT, "pat", "desk");
-    for chunk in ids.chunks(500) {
-        let frames: Vec<(String, String)> = chunk
-            .iter()
-            .map(|id| {
-                let m = Message {
-                    id: MsgId(*id),
-                    conv: "pc".into(),
-                    seq: id - start + 1,
-                    from: "x".into(),
-                    cmid: format!("c{id}"),
-                    ts: 0,
-                    body: RawValue::from_string("{}".into()).unwrap(),
-                };
-                (keys.message(m.id), msg_frame(&m))
-            })
-            .collect();
-        let _: () = redis.mset(frames).await.unwrap();
-        let pairs: Vec<(f64, String)> = chunk.iter().rev().map(|i| (MsgId(*i).score(), MsgId(*i).member())).collect();
-        let _: i64 = redis.zadd(&key, None, None, false, false, pairs).await.unwrap();
-    }
     assert_eq!(MsgId(start).score(), MsgId(start + 500).score(), "hundreds of ids share one score");
 
     // Acks a page's worth (or what arrived within 20 ms) in one frame, until caught_up.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use herald_client::{WsClient, WsEvent};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{ClientFrame, ErrorFrame, Hello, History, PingFrame, Pong, ServerFrame, SyncFrame};
-use herald_tests::{ack_frame, eventually, pending_ids, send_frame, AutoDevice, Cluster, TENANT};
+use herald_tests::{ack_frame, eventually, fill_backlog, pending_ids, send_frame, AutoDevice, Cluster, Fill, TENANT};
 use serde_json::json;
 use sqlx::Row;
 
@@ -119,25 +119,8 @@ async fn offline_device_drains_its_backlog_in_pages() {
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "phone").register_device().await.unwrap();
-    let mut tasks = Vec::new();
-    for t in 0..10 {
-        let alice = alice.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in 0..100 {
-                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 20).await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let redis = c.redis().await;
-    let keys = c.keys();
-    eventually(Duration::from_secs(20), "1000 messages pending for the offline device", || {
-        let (redis, keys) = (redis.clone(), keys.clone());
-        async move { (pending_ids(&redis, &keys, "bob", "phone").await.len() == 1000).then_some(()) }
-    })
-    .await;
+    fill_backlog(&c, "bob", "phone", "ab", Fill::Sent { sender: &alice, n: 1000, tasks: 10 }).await;
+    let (redis, keys) = (c.redis().await, c.keys());
 
     // bob's token says ios: pages of 50.
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "phone")).await.unwrap();

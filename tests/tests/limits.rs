@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use herald_client::{WsClient, WsEvent};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{ErrorFrame, Hello, ServerFrame};
-use herald_tests::{ack_frame, eventually, pending_ids, send_frame, Cluster};
+use herald_tests::{ack_frame, fill_backlog, send_frame, Cluster, Fill};
 use serde_json::json;
 
 /// While a device drains a 5 000-message backlog (paced at 1 000/s), a new message
@@ -24,25 +24,7 @@ async fn realtime_overtakes_a_long_paced_backlog() {
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "desk").register_device().await.unwrap();
-    let mut tasks = Vec::new();
-    for t in 0..25 {
-        let alice = alice.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in 0..200 {
-                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 50).await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let redis = c.redis().await;
-    let keys = c.keys();
-    eventually(Duration::from_secs(30), "5000 pending", || {
-        let (redis, keys) = (redis.clone(), keys.clone());
-        async move { (pending_ids(&redis, &keys, "bob", "desk").await.len() == 5000).then_some(()) }
-    })
-    .await;
+    fill_backlog(&c, "bob", "desk", "ab", Fill::Sent { sender: &alice, n: 5000, tasks: 25 }).await;
 
     let token = herald_client::token(
         herald_tests::SECRET,

@@ -8,7 +8,7 @@ use fred::interfaces::{HashesInterface, KeysInterface};
 use herald_client::{WsClient, WsEvent};
 use herald_shared::protocol::{Hello, ServerFrame};
 use herald_tests::redis_cluster::RedisCluster;
-use herald_tests::{ack_frame, eventually, pending_ids, AutoDevice, Cluster, TENANT};
+use herald_tests::{ack_frame, eventually, fill_backlog, pending_ids, AutoDevice, Cluster, Fill, TENANT};
 use serde_json::json;
 
 fn user(i: usize) -> String {
@@ -211,25 +211,8 @@ async fn backlog_pages_read_frames_from_every_master() {
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "phone").register_device().await.unwrap();
-    let mut tasks = Vec::new();
-    for t in 0..4 {
-        let alice = alice.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in 0..25 {
-                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 20).await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let redis = c.redis().await;
-    let keys = c.keys();
-    let pending = eventually(Duration::from_secs(20), "100 messages pending for the offline device", || {
-        let (redis, keys) = (redis.clone(), keys.clone());
-        async move { Some(pending_ids(&redis, &keys, "bob", "phone").await).filter(|p| p.len() == 100) }
-    })
-    .await;
+    let pending = fill_backlog(&c, "bob", "phone", "ab", Fill::Sent { sender: &alice, n: 100, tasks: 4 }).await;
+    let (redis, keys) = (c.redis().await, c.keys());
     let frames_by_node = rc.keys_by_node(&format!("{}:m:*", c.prefix));
     assert!(
         frames_by_node.iter().filter(|k| !k.is_empty()).count() > 1,
