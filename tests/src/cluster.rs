@@ -1,8 +1,9 @@
 //! One test's Herald cluster: its own database and Redis key prefix, and the real
-//! gateway and worker processes it spawns, each ready before it is handed out.
+//! gateway and worker processes it spawns. Each binds port 0 and reports the addresses
+//! it got in its log, and is ready before it is handed out.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
@@ -12,7 +13,7 @@ use herald_shared::keys::Keys;
 use sqlx::mysql::MySqlPool;
 use tokio::process::{Child, Command};
 
-use crate::{free_port, AdminClient, ADMIN_TOKEN, SECRET, TENANT};
+use crate::{AdminClient, ADMIN_TOKEN, SECRET, TENANT};
 
 fn mysql_base() -> String {
     std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
@@ -38,11 +39,12 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// A real process of the cluster.
+/// A real process of the cluster, with the addresses it reported.
 pub struct Proc {
     pub name: String,
     pub child: Child,
-    pub listen: SocketAddr,
+    /// The public listener: gateways only.
+    listen: Option<SocketAddr>,
     pub admin: SocketAddr,
 }
 
@@ -56,8 +58,13 @@ impl Proc {
         let _ = self.child.kill().await;
     }
 
+    /// The gateway's public listener.
+    pub fn listen(&self) -> SocketAddr {
+        self.listen.unwrap_or_else(|| panic!("{} has no public listener", self.name))
+    }
+
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.listen)
+        format!("http://{}", self.listen())
     }
 
     pub fn admin_url(&self) -> String {
@@ -107,13 +114,21 @@ impl Cluster {
         self
     }
 
-    async fn spawn(&mut self, binary: &str, kind: &str, extra: &[(&str, &str)]) -> Proc {
+    /// Spawns a process of `kind` and waits until it has logged the addresses it is
+    /// listening on and is ready. Its listeners bind port 0 (the kernel picks a free
+    /// port) unless `addrs` (listen, admin) says where. The process's log when it exited
+    /// first.
+    async fn launch(
+        &mut self,
+        kind: Kind,
+        extra: &[(&str, &str)],
+        addrs: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<Proc, String> {
         self.started += 1;
-        let name = format!("{kind}-{}", self.started);
-        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let log = std::fs::File::create(self.log_dir.join(format!("{name}.log"))).expect("log file");
-        let mut cmd = Command::new(bin(binary));
+        let name = format!("{}-{}", kind.prefix(), self.started);
+        let log_path = self.log_dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut cmd = Command::new(bin(kind.binary()));
         for (k, _) in std::env::vars() {
             if k.starts_with("HERALD_") {
                 cmd.env_remove(k);
@@ -126,62 +141,35 @@ impl Cluster {
             .env("HERALD_JWT_SECRET", SECRET)
             .env("HERALD_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("HERALD_NODE_ID", &name)
-            .env("HERALD_LISTEN", listen.to_string())
-            .env("HERALD_ADMIN_LISTEN", admin.to_string());
+            .env("HERALD_LISTEN", "127.0.0.1:0")
+            .env("HERALD_ADMIN_LISTEN", "127.0.0.1:0");
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
         for (k, v) in extra {
             cmd.env(k, v);
         }
+        // Last, so that they win over any setting.
+        if let Some((listen, admin)) = addrs {
+            cmd.env("HERALD_LISTEN", listen.to_string()).env("HERALD_ADMIN_LISTEN", admin.to_string());
+        }
         cmd.stdout(log.try_clone().expect("log")).stderr(log).kill_on_drop(true);
-        let child = cmd.spawn().expect("spawn process");
-        Proc { name, child, listen, admin }
-    }
-
-    /// Waits for `/readyz`; the process's log when it exited first.
-    async fn wait_ready(p: &mut Proc, log_dir: &std::path::Path) -> Result<(), String> {
-        let url = format!("{}/readyz", p.admin_url());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let http = reqwest::Client::new();
-        loop {
-            if let Ok(Some(status)) = p.child.try_wait() {
-                let log = std::fs::read_to_string(log_dir.join(format!("{}.log", p.name))).unwrap_or_default();
-                return Err(format!("{} exited with {status} before it was ready:\n{log}", p.name));
-            }
-            if let Ok(r) = http.get(&url).send().await {
-                if r.status().is_success() {
-                    return Ok(());
-                }
-            }
-            assert!(Instant::now() < deadline, "{} not ready within 60 s", p.name);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Spawns until ready; a port taken meanwhile by another test's listener means a
-    /// new pair of ports, anything else fails the test.
-    async fn start(&mut self, binary: &str, kind: &str, extra: &[(&str, &str)]) -> Proc {
-        for _ in 0..5 {
-            let mut p = self.spawn(binary, kind, extra).await;
-            match Self::wait_ready(&mut p, &self.log_dir).await {
-                Ok(()) => return p,
-                Err(log) if log.contains("Address already in use") => continue,
-                Err(log) => panic!("{log}"),
-            }
-        }
-        panic!("{kind}: no free ports after 5 attempts");
+        let mut child = cmd.spawn().expect("spawn process");
+        let (listen, admin) = wait_started(&mut child, &log_path, &name, kind).await?;
+        let mut p = Proc { name, child, listen, admin };
+        wait_ready(&mut p, &log_path).await?;
+        Ok(p)
     }
 
     /// Starts a worker and waits until it is ready (migrations applied, leases held).
     pub async fn start_worker(&mut self, extra: &[(&str, &str)]) -> usize {
-        let p = self.start("herald-worker", "wk", extra).await;
+        let p = self.launch(Kind::Worker, extra, None).await.unwrap_or_else(|log| panic!("{log}"));
         self.workers.push(p);
         self.workers.len() - 1
     }
 
     pub async fn start_gateway(&mut self, extra: &[(&str, &str)]) -> usize {
-        let p = self.start("herald-gateway", "gw", extra).await;
+        let p = self.launch(Kind::Gateway, extra, None).await.unwrap_or_else(|log| panic!("{log}"));
         self.gateways.push(p);
         self.gateways.len() - 1
     }
@@ -222,18 +210,128 @@ impl Cluster {
 
     /// Starts gateway `i` again, after its process exited, on the listen and admin
     /// addresses it had (clients keep the addresses they know; a rolling restart).
+    ///
+    /// Those ports are in the kernel's ephemeral range, where an outgoing connection may
+    /// take one meanwhile as its local port: then it tries again for a while.
     pub async fn respawn_gateway(&mut self, i: usize) {
-        let (listen, admin) = (self.gateways[i].listen, self.gateways[i].admin);
-        let (l, a) = (listen.to_string(), admin.to_string());
-        // The process's own settings come after the defaults, so these addresses win.
-        let mut p = self.spawn("herald-gateway", "gw", &[("HERALD_LISTEN", &l), ("HERALD_ADMIN_LISTEN", &a)]).await;
-        p.listen = listen;
-        p.admin = admin;
-        if let Err(log) = Self::wait_ready(&mut p, &self.log_dir).await {
-            panic!("{log}");
-        }
+        let addrs = (self.gateways[i].listen(), self.gateways[i].admin);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let p = loop {
+            match self.launch(Kind::Gateway, &[], Some(addrs)).await {
+                Ok(p) => break p,
+                Err(log) if log.contains("Address already in use") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(log) => panic!("{log}"),
+            }
+        };
+        assert_eq!((p.listen(), p.admin), addrs, "{} came back on other addresses", p.name);
         self.gateways[i] = p;
     }
+}
+
+/// The processes a cluster runs.
+#[derive(Clone, Copy)]
+enum Kind {
+    Worker,
+    Gateway,
+}
+
+impl Kind {
+    fn binary(self) -> &'static str {
+        match self {
+            Kind::Worker => "herald-worker",
+            Kind::Gateway => "herald-gateway",
+        }
+    }
+
+    /// Of the process names (`gw-3`), node ids and log files.
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Worker => "wk",
+            Kind::Gateway => "gw",
+        }
+    }
+
+    /// The message the process logs once its listeners are bound, with their addresses
+    /// as fields (`listen=` for a gateway, `admin=` for both).
+    fn started(self) -> &'static str {
+        match self {
+            Kind::Worker => "worker started",
+            Kind::Gateway => "gateway started",
+        }
+    }
+}
+
+/// Waits until the process logs its `started` line and reads the addresses it is
+/// listening on from it: (listen, admin). The process's log when it exited first.
+async fn wait_started(
+    child: &mut Child,
+    log_path: &Path,
+    name: &str,
+    kind: Kind,
+) -> Result<(Option<SocketAddr>, SocketAddr), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = std::fs::read_to_string(log_path).unwrap_or_default();
+        if let Some(line) = log.lines().map(strip_ansi).find(|l| l.contains(kind.started())) {
+            let listen = field_addr(&line, "listen");
+            return match (kind, listen, field_addr(&line, "admin")) {
+                (Kind::Worker, _, Some(admin)) => Ok((None, admin)),
+                (Kind::Gateway, Some(listen), Some(admin)) => Ok((Some(listen), admin)),
+                _ => Err(format!("{name}: no addresses in its `{}` line: {line}", kind.started())),
+            };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("{name} exited with {status} before it was ready:\n{log}"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not log `{}` within 60 s (IT_LOG must let Herald's info lines through):\n{log}",
+            kind.started()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for `/readyz`; the process's log when it exited first.
+async fn wait_ready(p: &mut Proc, log_path: &Path) -> Result<(), String> {
+    let url = format!("{}/readyz", p.admin_url());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let http = reqwest::Client::new();
+    loop {
+        if let Ok(Some(status)) = p.child.try_wait() {
+            let log = std::fs::read_to_string(log_path).unwrap_or_default();
+            return Err(format!("{} exited with {status} before it was ready:\n{log}", p.name));
+        }
+        if let Ok(r) = http.get(&url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        assert!(Instant::now() < deadline, "{} not ready within 60 s", p.name);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A log line without its colours (the processes' tracing output is ANSI-coloured).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters, ended by a letter.
+            chars.by_ref().find(char::is_ascii_alphabetic);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The address in a `name=addr` field of a tracing line.
+fn field_addr(line: &str, name: &str) -> Option<SocketAddr> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
 }
 
 impl Drop for Cluster {
@@ -255,5 +353,24 @@ impl Drop for Cluster {
             })
             .join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_read_from_coloured_and_plain_started_lines() {
+        let coloured = "\x1b[2m2026-11-30T20:38:46.368266Z\x1b[0m \x1b[32m INFO\x1b[0m \x1b[2mherald_gateway\x1b[0m\x1b[2m:\x1b[0m \
+            gateway started \x1b[3mnode\x1b[0m\x1b[2m=\x1b[0mgw-2 \x1b[3mlisten\x1b[0m\x1b[2m=\x1b[0m127.0.0.1:29372 \
+            \x1b[3madmin\x1b[0m\x1b[2m=\x1b[0m127.0.0.1:21457";
+        let line = strip_ansi(coloured);
+        assert!(line.contains("gateway started"), "{line}");
+        assert_eq!(field_addr(&line, "listen"), Some("127.0.0.1:29372".parse().unwrap()));
+        assert_eq!(field_addr(&line, "admin"), Some("127.0.0.1:21457".parse().unwrap()));
+        let plain = "2026-11-30T20:38:45Z  INFO herald_worker: worker started node=wk-1 admin=127.0.0.1:20390";
+        assert_eq!(field_addr(plain, "admin"), Some("127.0.0.1:20390".parse().unwrap()));
+        assert_eq!(field_addr(plain, "listen"), None);
     }
 }

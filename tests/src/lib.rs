@@ -1,5 +1,6 @@
 //! Test harness: a fresh database and Redis key prefix per test, real `herald-worker`
-//! and `herald-gateway` processes, private Redis servers for fault tests.
+//! and `herald-gateway` processes on ports they pick themselves, private Redis servers
+//! for fault tests.
 //!
 //! The binaries are the workspace's own (`cargo build --bins` first; the test
 //! command in the README does it). Every process is killed when its cluster drops.

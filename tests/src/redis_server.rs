@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use crate::eventually;
 
-/// A free TCP port on loopback, below the kernel's ephemeral range (32768+), so that
-/// the many outgoing connections of concurrent tests cannot take it between this check
-/// and the process binding it. A listener of another test still can: see `Cluster::start`.
+/// A free TCP port on loopback, for servers that cannot bind port 0 and say which port
+/// they got (redis-server, mariadbd). It is below the kernel's ephemeral range
+/// (32768+), where neither the many outgoing connections of concurrent tests nor
+/// Herald's processes (port 0) take ports, so only another `free_port` caller could
+/// take it between this check and the server binding it.
 pub fn free_port() -> u16 {
     loop {
         let port = 15_000 + rand::random::<u16>() % 17_000;

@@ -117,7 +117,7 @@ async fn slow_request_heads_and_silent_websockets_are_cut_off() {
         ("HERALD_GATEWAY__NAT_IDLE_TIMEOUT_MS", "1000"),
     ])
     .await;
-    let addr = c.gateways[0].listen;
+    let addr = c.gateways[0].listen();
 
     // Connects and never sends a byte.
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -184,7 +184,7 @@ async fn mariadb_restarted_while_sends_continue() {
 async fn network_cut_without_fin_for_30s() {
     let mut c = cluster("drill-netcut", None);
     start(&mut c, 1, 2).await;
-    let proxies = [TcpProxy::start(c.gateways[0].listen).await, TcpProxy::start(c.gateways[1].listen).await];
+    let proxies = [TcpProxy::start(c.gateways[0].listen()).await, TcpProxy::start(c.gateways[1].listen()).await];
     // Devices reach the gateways through the proxies (their network); senders directly.
     let via_proxy = proxies.iter().map(TcpProxy::url).collect();
     let mut d = Drill::start("network_cut_without_fin_for_30s", gateway_urls(&c), via_proxy, Traffic::default()).await;

@@ -264,7 +264,7 @@ async fn back_to_back_sends_of_one_device_get_increasing_seq() {
             .as_bytes(),
         );
     }
-    let mut conn = tokio::net::TcpStream::connect(c.gateways[0].listen).await.unwrap();
+    let mut conn = tokio::net::TcpStream::connect(c.gateways[0].listen()).await.unwrap();
     conn.write_all(&requests).await.unwrap();
     let mut seqs = Vec::new();
     let mut buf = Vec::new();
