@@ -15,12 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use herald_client::device::{Device, DeviceSpec, Observer, Via};
+use herald_client::token;
 use herald_loadtest::engine::{self, AckLog, Conv, Recorder, SendPlan, Target};
 use herald_loadtest::integrity::IntegrityReport;
 use herald_shared::auth::Platform;
-use herald_shared::client::token;
-use herald_shared::device::{Device, DeviceSpec, Observer, Via};
-use serde_json::Value;
+use herald_shared::protocol::Message;
 
 use crate::{SECRET, TENANT};
 
@@ -39,11 +39,9 @@ struct DeviceWatch {
 }
 
 impl Observer for DeviceWatch {
-    fn message(&self, frame: &Value, via: Via, into_session: Duration) {
-        self.rec.message(frame, via, into_session);
-        if let Some(id) = frame["id"].as_str().and_then(|s| s.parse().ok()) {
-            self.state.lock().expect("device state").received.insert(id);
-        }
+    fn message(&self, msg: &Message, via: Via, into_session: Duration) {
+        self.rec.message(msg, via, into_session);
+        self.state.lock().expect("device state").received.insert(msg.id.0);
     }
 
     fn caught_up(&self, after: Duration) {
@@ -138,15 +136,8 @@ impl Drill {
         for (k, c) in convs.iter().enumerate() {
             let user = c.receivers[0].clone();
             let watch = Arc::new(DeviceWatch { rec: rec.clone(), state: Mutex::default() });
-            let spec = DeviceSpec {
-                user: user.clone(),
-                device: "d".into(),
-                token: token(SECRET, TENANT, &user, "d", Platform::Desktop),
-                gateways: device_gateways.clone(),
-                first_gateway: k,
-                local_ip: None,
-                gap_sync_after: Duration::from_secs(5),
-            };
+            let token = token(SECRET, TENANT, &user, "d", Platform::Desktop);
+            let spec = DeviceSpec { first_gateway: k, ..DeviceSpec::new(&user, "d", &token, device_gateways.clone()) };
             devices.push((user, Device::spawn(spec, watch.clone())));
             watches.push(watch);
         }

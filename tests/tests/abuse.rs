@@ -6,60 +6,34 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use herald_shared::client::{WsClient, WsEvent};
+use herald_client::{WsClient, WsEvent};
 use herald_shared::error::ErrorCode;
-use herald_tests::{Cluster, ADMIN_TOKEN, SECRET, TENANT};
+use herald_shared::protocol::{ErrorFrame, Hello, Sent, ServerFrame};
+use herald_tests::{send_frame, Cluster, ADMIN_TOKEN, SECRET, TENANT};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(5);
 
-/// A WebSocket from a chosen local address (per-IP limits need several).
-struct Ws(tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>);
-
-impl Ws {
-    /// The next text frame (as JSON) or the close code; `None` on timeout.
-    async fn next(&mut self, timeout: Duration) -> Option<WsEvent> {
-        use futures::StreamExt;
-        use tokio_tungstenite::tungstenite::Message;
-        loop {
-            match tokio::time::timeout(timeout, self.0.next()).await.ok()? {
-                Some(Ok(Message::Text(t))) => return Some(WsEvent::Frame(serde_json::from_str(t.as_str()).unwrap())),
-                Some(Ok(Message::Close(c))) => return Some(WsEvent::Closed(c.map(|c| u16::from(c.code)))),
-                Some(Ok(_)) => continue,
-                Some(Err(_)) | None => return Some(WsEvent::Closed(None)),
-            }
-        }
-    }
-
-    async fn close(mut self) {
-        let _ = self.0.close(None).await;
-    }
-}
-
-/// Connects from `ip` and returns the socket with its first event (hello, or the refusal).
-async fn connect_from(base: &str, token: &str, ip: &str) -> (Ws, Option<WsEvent>) {
-    let host = base.trim_start_matches("http://");
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(std::net::SocketAddr::new(ip.parse().unwrap(), 0)).unwrap();
-    let stream = socket.connect(host.parse().unwrap()).await.unwrap();
-    let url = format!("ws://{host}/v1/ws?access_token={token}");
-    let (ws, _) = tokio_tungstenite::client_async(url, stream).await.expect("upgrade");
-    let mut ws = Ws(ws);
+/// Connects from `ip` (per-IP limits need several addresses) and returns the socket with
+/// its first event (hello, or the refusal).
+async fn connect_from(base: &str, token: &str, ip: &str) -> (WsClient, Option<WsEvent>) {
+    let mut ws = WsClient::connect_from(base, token, Some(ip.parse().unwrap())).await.expect("upgrade");
     let first = ws.next(WAIT).await;
     (ws, first)
 }
 
 fn is_hello(ev: &Option<WsEvent>) -> bool {
-    matches!(ev, Some(WsEvent::Frame(f)) if f["t"] == "hello")
+    matches!(ev, Some(WsEvent::Frame(ServerFrame::Hello(_))))
 }
 
 /// A refused session: `error rate_limited` with a retry hint, then close 4008.
-async fn assert_refused(ws: &mut Ws, first: Option<WsEvent>, what: &str) {
-    let Some(WsEvent::Frame(f)) = first else { panic!("{what}: expected an error frame, got {first:?}") };
-    assert_eq!(f["t"], "error", "{what}: {f}");
-    assert_eq!(f["code"], "rate_limited", "{what}: {f}");
-    assert!(f["retry_after_ms"].as_u64().unwrap() >= 1_000, "{what}: {f}");
+async fn assert_refused(ws: &mut WsClient, first: Option<WsEvent>, what: &str) {
+    let Some(WsEvent::Frame(ServerFrame::Error(e))) = first else {
+        panic!("{what}: expected an error frame, got {first:?}")
+    };
+    assert_eq!(e.code, ErrorCode::RateLimited, "{what}: {e:?}");
+    assert!(e.retry_after_ms.unwrap() >= 1_000, "{what}: {e:?}");
     assert_eq!(ws.next(WAIT).await, Some(WsEvent::Closed(Some(4008))), "{what}");
 }
 
@@ -93,7 +67,7 @@ async fn sessions_are_limited_per_user_and_per_ip() {
     }
     assert_eq!(closed, Some(4002), "the old session of d1 is replaced");
     // The same user name in another tenant is another user.
-    let other = herald_shared::client::token(SECRET, "globex", "ursula", "d3", herald_shared::auth::Platform::Web);
+    let other = herald_client::token(SECRET, "globex", "ursula", "d3", herald_shared::auth::Platform::Web);
     let (_o, first) = connect_from(&base, &other, "127.0.0.5").await;
     assert!(is_hello(&first), "{first:?}");
     // A slot comes back when a session ends.
@@ -143,7 +117,7 @@ async fn slow_request_heads_and_silent_websockets_are_cut_off() {
         ("HERALD_GATEWAY__NAT_IDLE_TIMEOUT_MS", "1000"),
     ])
     .await;
-    let addr = c.gateways[0].listen;
+    let addr = c.gateways[0].listen();
 
     // Connects and never sends a byte.
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -250,12 +224,12 @@ async fn the_tenant_send_quota_answers_rate_limited_with_retry_hints() {
     assert_eq!(body["error"]["code"], "rate_limited");
     // WebSocket: error rate_limited with retry_after_ms and the cmid as ref.
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "b2")).await.unwrap();
-    ws.next_of("hello", WAIT).await.unwrap();
-    ws.send(&json!({"t": "send", "cmid": "w1", "conv": "ab", "body": {}})).await.unwrap();
-    let e = ws.next_of("error", WAIT).await.expect("an error frame");
-    assert_eq!(e["code"], "rate_limited");
-    assert_eq!(e["ref"], "w1");
-    assert!(e["retry_after_ms"].as_u64().unwrap() > 0);
+    ws.next_of::<Hello>(WAIT).await.unwrap();
+    ws.send(&send_frame("w1", "ab", &json!({}))).await.unwrap();
+    let e = ws.next_of::<ErrorFrame>(WAIT).await.expect("an error frame");
+    assert_eq!(e.code, ErrorCode::RateLimited);
+    assert_eq!(e.reference.as_deref(), Some("w1"));
+    assert!(e.retry_after_ms.unwrap() > 0);
     // Another tenant is not affected.
     let g = c.client_in(0, "globex", "gina", "g1");
     g.create_conversation(Some("gh"), "direct", &["gina", "hal"]).await.unwrap();
@@ -298,16 +272,16 @@ async fn group_and_body_sizes_are_enforced() {
     // WebSocket frames: a body over the limit is too_large (with its cmid), and so is a
     // frame over the frame limit; the session stays open.
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("alice", "a2")).await.unwrap();
-    ws.next_of("hello", WAIT).await.unwrap();
-    ws.send(&json!({"t": "send", "cmid": "w-big", "conv": "g", "body": body_of(1025)})).await.unwrap();
-    let e = ws.next_of("error", WAIT).await.unwrap();
-    assert_eq!((e["code"].as_str(), e["ref"].as_str()), (Some("too_large"), Some("w-big")), "{e}");
-    ws.send(&json!({"t": "send", "cmid": "w-huge", "conv": "g", "body": body_of(64 * 1024)})).await.unwrap();
-    let e = ws.next_of("error", WAIT).await.unwrap();
-    assert_eq!(e["code"], "too_large", "{e}");
-    ws.send(&json!({"t": "send", "cmid": "w-ok", "conv": "g", "body": body_of(1024)})).await.unwrap();
-    let sent = ws.next_of("sent", WAIT).await.expect("the session survived");
-    assert_eq!(sent["cmid"], "w-ok");
+    ws.next_of::<Hello>(WAIT).await.unwrap();
+    ws.send(&send_frame("w-big", "g", &body_of(1025))).await.unwrap();
+    let e = ws.next_of::<ErrorFrame>(WAIT).await.unwrap();
+    assert_eq!((e.code, e.reference.as_deref()), (ErrorCode::TooLarge, Some("w-big")), "{e:?}");
+    ws.send(&send_frame("w-huge", "g", &body_of(64 * 1024))).await.unwrap();
+    let e = ws.next_of::<ErrorFrame>(WAIT).await.unwrap();
+    assert_eq!(e.code, ErrorCode::TooLarge, "{e:?}");
+    ws.send(&send_frame("w-ok", "g", &body_of(1024))).await.unwrap();
+    let sent = ws.next_of::<Sent>(WAIT).await.expect("the session survived");
+    assert_eq!(sent.cmid, "w-ok");
 }
 
 /// A token with the given header, the test claims and a signature made with the secret.
@@ -323,7 +297,7 @@ fn token_with_header(header: &Value) -> String {
 }
 
 fn c_token() -> String {
-    herald_shared::client::token(SECRET, TENANT, "mallory", "m1", herald_shared::auth::Platform::Web)
+    herald_client::token(SECRET, TENANT, "mallory", "m1", herald_shared::auth::Platform::Web)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

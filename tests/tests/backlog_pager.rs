@@ -7,12 +7,11 @@
 
 use std::time::Duration;
 
-use fred::prelude::*;
+use herald_client::{token, WsClient, WsEvent};
 use herald_shared::auth::Platform;
-use herald_shared::client::{token, WsClient, WsEvent};
 use herald_shared::ids::MsgId;
-use herald_tests::{eventually, pending_ids, Cluster, SECRET, TENANT};
-use serde_json::json;
+use herald_shared::protocol::{Hello, ServerFrame};
+use herald_tests::{ack_frame, eventually, fill_backlog, pending_ids, Cluster, Fill, SECRET, TENANT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dense_ids_above_2_pow_62_are_paged_exactly_once_in_order() {
@@ -23,7 +22,7 @@ async fn dense_ids_above_2_pow_62_are_paged_exactly_once_in_order() {
     let tok = token(SECRET, TENANT, "pat", "desk", Platform::Desktop);
     // A first session makes the device's pending set trusted in this epoch.
     let mut ws = WsClient::connect(&base, &tok).await.unwrap();
-    ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     ws.close().await;
 
     // 1 300 consecutive ids from 2^62 (up to 1 024 share a score there), plus a sparse tail,
@@ -31,50 +30,36 @@ async fn dense_ids_above_2_pow_62_are_paged_exactly_once_in_order() {
     let start = 1u64 << 62;
     let mut ids: Vec<u64> = (start..start + 1_300).collect();
     ids.extend((1..=40).map(|k| start + 1_300 + k * 977));
+    fill_backlog(&c, "pat", "desk", "pc", Fill::Written { ids: &ids }).await;
     let (redis, keys) = (c.redis().await, c.keys());
-    let key = keys.pending(TENANT, "pat", "desk");
-    for chunk in ids.chunks(500) {
-        let frames: Vec<(String, String)> = chunk
-            .iter()
-            .map(|id| {
-                let f = json!({"t": "msg", "id": id.to_string(), "conv": "pc", "seq": id - start + 1, "from": "x",
-                    "cmid": format!("c{id}"), "ts": 0, "body": {}});
-                (keys.message(MsgId(*id)), f.to_string())
-            })
-            .collect();
-        let _: () = redis.mset(frames).await.unwrap();
-        let pairs: Vec<(f64, String)> = chunk.iter().rev().map(|i| (MsgId(*i).score(), MsgId(*i).member())).collect();
-        let _: i64 = redis.zadd(&key, None, None, false, false, pairs).await.unwrap();
-    }
     assert_eq!(MsgId(start).score(), MsgId(start + 500).score(), "hundreds of ids share one score");
 
     // Acks a page's worth (or what arrived within 20 ms) in one frame, until caught_up.
     let mut ws = WsClient::connect(&base, &tok).await.unwrap();
-    let hello = ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
-    assert_eq!(hello["pending"], ids.len());
+    let hello = ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(hello.pending, ids.len() as u64);
     let mut seen: Vec<u64> = Vec::new();
-    let mut unacked: Vec<String> = Vec::new();
+    let mut unacked: Vec<MsgId> = Vec::new();
     let deadline = std::time::Instant::now();
     loop {
         match ws.next(Duration::from_millis(20)).await {
-            Some(WsEvent::Frame(f)) if f["t"] == "msg" => {
-                let id = f["id"].as_str().unwrap().to_owned();
-                seen.push(id.parse().unwrap());
-                unacked.push(id);
+            Some(WsEvent::Frame(ServerFrame::Msg(m))) => {
+                seen.push(m.id.0);
+                unacked.push(m.id);
                 if unacked.len() < 200 {
                     continue;
                 }
             }
-            Some(WsEvent::Frame(f)) if f["t"] == "caught_up" => {
-                assert_eq!(f["delivered"], ids.len(), "{f}");
+            Some(WsEvent::Frame(ServerFrame::CaughtUp(f))) => {
+                assert_eq!(f.delivered, ids.len() as u64, "{f:?}");
                 break;
             }
-            Some(WsEvent::Frame(_)) => continue,
+            Some(WsEvent::Frame(_) | WsEvent::Other(_)) => continue,
             Some(WsEvent::Closed(code)) => panic!("closed {code:?} after {} messages", seen.len()),
             None => assert!(deadline.elapsed() < Duration::from_secs(30), "no caught_up after {} messages", seen.len()),
         }
         if !unacked.is_empty() {
-            ws.send(&json!({"t": "ack", "ids": std::mem::take(&mut unacked)})).await.unwrap();
+            ws.send(&ack_frame(std::mem::take(&mut unacked))).await.unwrap();
         }
     }
     assert_eq!(seen.len(), ids.len(), "every id exactly once");

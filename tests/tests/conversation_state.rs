@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use herald_shared::protocol::{ClientFrame, ReadFrame, ServerFrame};
 use herald_tests::{eventually, AutoDevice, Cluster, TENANT};
 use serde_json::json;
 use sqlx::Row;
@@ -27,8 +28,10 @@ fn reads_of(d: &AutoDevice) -> Vec<(String, String, u64)> {
         .lock()
         .unwrap()
         .iter()
-        .filter(|f| f["t"] == "read")
-        .map(|f| (f["conv"].as_str().unwrap().into(), f["user"].as_str().unwrap().into(), f["seq"].as_u64().unwrap()))
+        .filter_map(|f| match f {
+            ServerFrame::Read(r) => Some((r.conv.clone(), r.user.clone(), r.seq)),
+            _ => None,
+        })
         .collect()
 }
 
@@ -49,8 +52,8 @@ async fn read_positions_only_move_forward_and_reach_the_other_devices() {
     let b1 = AutoDevice::connect(&base, &c.token("bob", "b1"), "bob", "b1").await;
 
     // Higher first, then lower: the lower one changes nothing.
-    a1.send_raw(json!({"t": "read", "conv": "ab", "seq": 7})).await;
-    a1.send_raw(json!({"t": "read", "conv": "ab", "seq": 3})).await;
+    a1.send_frame(ClientFrame::Read(ReadFrame { conv: "ab".into(), seq: 7 })).await;
+    a1.send_frame(ClientFrame::Read(ReadFrame { conv: "ab".into(), seq: 3 })).await;
     let db = c.db().await;
     eventually(Duration::from_secs(10), "the WebSocket reads are applied", || {
         let db = db.clone();
@@ -76,7 +79,10 @@ async fn read_positions_only_move_forward_and_reach_the_other_devices() {
         let others = d.others.clone();
         let name = format!("{}/{}", d.user, d.device);
         eventually(Duration::from_secs(10), "read frames reach the other devices", || {
-            let last = others.lock().unwrap().iter().rfind(|f| f["t"] == "read").map(|f| f["seq"].as_u64().unwrap());
+            let last = others.lock().unwrap().iter().rev().find_map(|f| match f {
+                ServerFrame::Read(r) => Some(r.seq),
+                _ => None,
+            });
             async move { (last == Some(10)).then_some(()) }
         })
         .await;
@@ -90,7 +96,7 @@ async fn read_positions_only_move_forward_and_reach_the_other_devices() {
     let a3 = AutoDevice::connect(&base, &c.token("alice", "a3"), "alice", "a3").await;
     let others = a3.others.clone();
     eventually(Duration::from_secs(10), "the offline device gets the final position", || {
-        let n = others.lock().unwrap().iter().filter(|f| f["t"] == "read").count();
+        let n = others.lock().unwrap().iter().filter(|f| matches!(f, ServerFrame::Read(_))).count();
         async move { (n > 0).then_some(()) }
     })
     .await;
@@ -140,7 +146,7 @@ async fn unread_counts_stay_exact_through_interleaved_sends_and_reads() {
         let token = c.token(&u, "d");
         tasks.push(tokio::spawn(async move {
             let mine: Vec<String> = members.iter().filter(|(_, m)| m.contains(&u)).map(|(k, _)| k.clone()).collect();
-            let reader = herald_shared::client::HttpClient::new(gw, token);
+            let reader = herald_client::HttpClient::new(gw, token);
             // (conv, highest seq this user asked to read)
             let mut reads: HashMap<String, u64> = HashMap::new();
             for n in 0..40u64 {

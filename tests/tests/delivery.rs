@@ -3,8 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use herald_shared::client::{WsClient, WsEvent};
-use herald_tests::{eventually, pending_ids, AutoDevice, Cluster, TENANT};
+use herald_client::{WsClient, WsEvent};
+use herald_shared::error::ErrorCode;
+use herald_shared::protocol::{ClientFrame, ErrorFrame, Hello, History, PingFrame, Pong, ServerFrame, SyncFrame};
+use herald_tests::{ack_frame, eventually, fill_backlog, pending_ids, send_frame, AutoDevice, Cluster, Fill, TENANT};
 use serde_json::json;
 use sqlx::Row;
 
@@ -117,30 +119,13 @@ async fn offline_device_drains_its_backlog_in_pages() {
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "phone").register_device().await.unwrap();
-    let mut tasks = Vec::new();
-    for t in 0..10 {
-        let alice = alice.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in 0..100 {
-                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 20).await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let redis = c.redis().await;
-    let keys = c.keys();
-    eventually(Duration::from_secs(20), "1000 messages pending for the offline device", || {
-        let (redis, keys) = (redis.clone(), keys.clone());
-        async move { (pending_ids(&redis, &keys, "bob", "phone").await.len() == 1000).then_some(()) }
-    })
-    .await;
+    fill_backlog(&c, "bob", "phone", "ab", Fill::Sent { sender: &alice, n: 1000, tasks: 10 }).await;
+    let (redis, keys) = (c.redis().await, c.keys());
 
     // bob's token says ios: pages of 50.
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "phone")).await.unwrap();
-    let hello = ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
-    assert_eq!(hello["pending"], 1000);
+    let hello = ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(hello.pending, 1000);
     let mut got: Vec<u64> = Vec::new();
     let mut pages = Vec::new();
     loop {
@@ -149,9 +134,9 @@ async fn offline_device_drains_its_backlog_in_pages() {
         let mut caught_up = None;
         while let Some(ev) = ws.next(Duration::from_millis(400)).await {
             match ev {
-                WsEvent::Frame(f) if f["t"] == "msg" => page.push(f["id"].as_str().unwrap().to_string()),
-                WsEvent::Frame(f) if f["t"] == "caught_up" => {
-                    caught_up = Some(f["delivered"].as_u64().unwrap());
+                WsEvent::Frame(ServerFrame::Msg(m)) => page.push(m.id),
+                WsEvent::Frame(ServerFrame::CaughtUp(f)) => {
+                    caught_up = Some(f.delivered);
                     break;
                 }
                 other => panic!("unexpected {other:?}"),
@@ -164,8 +149,8 @@ async fn offline_device_drains_its_backlog_in_pages() {
         }
         assert!(!page.is_empty(), "the backlog stalled after {} messages", got.len());
         pages.push(page.len());
-        got.extend(page.iter().map(|i| i.parse::<u64>().unwrap()));
-        ws.send(&json!({"t": "ack", "ids": page})).await.unwrap();
+        got.extend(page.iter().map(|i| i.0));
+        ws.send(&ack_frame(page)).await.unwrap();
     }
     assert_eq!(pages.len(), 20, "pages of 50: {pages:?}");
     assert!(pages.iter().all(|p| *p == 50), "{pages:?}");
@@ -205,13 +190,13 @@ async fn websocket_refusals_and_protocol_errors() {
 
     // A newer session of the same device replaces the older, across gateways: 4002.
     let mut first = WsClient::connect(&base, &c.token("alice", "a1")).await.unwrap();
-    first.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    first.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     let mut second = WsClient::connect(&c.gateways[1].base_url(), &c.token("alice", "a1")).await.unwrap();
-    second.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    second.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     let closed = loop {
         match first.next(Duration::from_secs(5)).await {
             Some(WsEvent::Closed(code)) => break code,
-            Some(WsEvent::Frame(_)) => continue,
+            Some(WsEvent::Frame(_) | WsEvent::Other(_)) => continue,
             None => panic!("the replaced session was not closed"),
         }
     };
@@ -219,32 +204,29 @@ async fn websocket_refusals_and_protocol_errors() {
 
     // Garbage, unknown types, missing fields, oversized frames: error frames, then 4009.
     let mut ws = WsClient::connect(&base, &c.token("bob", "b1")).await.unwrap();
-    ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     ws.send_text("{not json").await.unwrap();
-    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
-    assert_eq!(e["code"], "bad_request");
-    ws.send(&json!({"t": "dance"})).await.unwrap();
-    assert!(ws.next_of("error", Duration::from_secs(5)).await.unwrap()["message"]
-        .as_str()
-        .unwrap()
-        .contains("unknown frame type"));
-    ws.send(&json!({"t": "send", "cmid": "m1", "conv": "x"})).await.unwrap();
-    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
-    assert_eq!((e["code"].as_str(), e["ref"].as_str()), (Some("bad_request"), Some("m1")));
-    ws.send(&json!({"t": "send", "cmid": "m2", "conv": "x", "body": "y".repeat(3_000)})).await.unwrap();
-    assert_eq!(ws.next_of("error", Duration::from_secs(5)).await.unwrap()["code"], "too_large");
-    ws.send(&json!({"t": "send", "cmid": "m3", "conv": "nope", "body": {}})).await.unwrap();
-    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
-    assert_eq!((e["code"].as_str(), e["ref"].as_str()), (Some("not_found"), Some("m3")));
-    ws.send(&json!({"t": "ping", "ts": 42})).await.unwrap();
-    assert_eq!(ws.next_of("pong", Duration::from_secs(5)).await.unwrap()["ts"], 42);
+    let e = ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    ws.send_json(&json!({"t": "dance"})).await.unwrap();
+    assert!(ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap().message.contains("unknown frame type"));
+    ws.send_json(&json!({"t": "send", "cmid": "m1", "conv": "x"})).await.unwrap();
+    let e = ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!((e.code, e.reference.as_deref()), (ErrorCode::BadRequest, Some("m1")));
+    ws.send(&send_frame("m2", "x", &json!("y".repeat(3_000)))).await.unwrap();
+    assert_eq!(ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap().code, ErrorCode::TooLarge);
+    ws.send(&send_frame("m3", "nope", &json!({}))).await.unwrap();
+    let e = ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!((e.code, e.reference.as_deref()), (ErrorCode::NotFound, Some("m3")));
+    ws.send(&ClientFrame::Ping(PingFrame { ts: Some(42) })).await.unwrap();
+    assert_eq!(ws.next_of::<Pong>(Duration::from_secs(5)).await.unwrap().ts, 42);
     for _ in 0..10 {
         ws.send_text("]]").await.unwrap();
     }
     let code = loop {
         match ws.next(Duration::from_secs(5)).await {
             Some(WsEvent::Closed(code)) => break code,
-            Some(WsEvent::Frame(_)) => continue,
+            Some(WsEvent::Frame(_) | WsEvent::Other(_)) => continue,
             None => panic!("not closed after repeated protocol errors"),
         }
     };
@@ -300,13 +282,15 @@ async fn history_and_sync_read_the_database_within_membership() {
     assert_eq!(get("/v1/sync?after=abc".into(), "bob").await.status(), 400);
 
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "b1")).await.unwrap();
-    ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
-    ws.send(&json!({"t": "sync", "conv": "g", "after_seq": 4, "limit": 10, "ref": "r1"})).await.unwrap();
-    let h = ws.next_of("history", Duration::from_secs(5)).await.unwrap();
-    assert_eq!((h["conv"].as_str(), h["ref"].as_str(), h["more"].as_bool()), (Some("g"), Some("r1"), Some(false)));
-    let seqs: Vec<u64> = h["items"].as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
+    let sync = SyncFrame { conv: "g".into(), after_seq: 4, limit: Some(10), reference: Some("r1".into()) };
+    ws.send(&ClientFrame::Sync(sync)).await.unwrap();
+    let h = ws.next_of::<History>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!((h.conv.as_str(), h.reference.as_deref(), h.more), ("g", Some("r1"), false));
+    let seqs: Vec<u64> = h.items.iter().map(|m| m.seq).collect();
     assert_eq!(seqs, vec![5, 6]);
-    ws.send(&json!({"t": "sync", "conv": "h", "ref": "r2"})).await.unwrap();
-    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
-    assert_eq!((e["code"].as_str(), e["ref"].as_str()), (Some("forbidden"), Some("r2")));
+    let sync = SyncFrame { conv: "h".into(), after_seq: 0, limit: None, reference: Some("r2".into()) };
+    ws.send(&ClientFrame::Sync(sync)).await.unwrap();
+    let e = ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!((e.code, e.reference.as_deref()), (ErrorCode::Forbidden, Some("r2")));
 }

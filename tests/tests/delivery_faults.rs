@@ -4,7 +4,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use herald_shared::client::WsClient;
+use herald_client::WsClient;
+use herald_shared::protocol::{Hello, ServerFrame};
 use herald_tests::{eventually, AutoDevice, Cluster, RedisServer, TENANT};
 use serde_json::json;
 
@@ -116,7 +117,7 @@ async fn half_open_connection_is_closed_and_unacked_messages_arrive_on_reconnect
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     // bob connects, then stops reading and acking without closing: no pongs either.
     let mut silent = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "b1")).await.unwrap();
-    silent.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    silent.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     let started = Instant::now();
     for n in 0..5 {
         alice.send(&format!("m{n}"), "ab", &json!({"n": n})).await.unwrap();
@@ -190,7 +191,7 @@ async fn gateway_sigkill_and_sigterm_move_devices_without_loss() {
         let (closed, others) = (d.closed.clone(), d.others.clone());
         eventually(Duration::from_secs(10), "drained sessions get reconnect and 4003", || {
             let code = *closed.lock().unwrap();
-            let reconnect = others.lock().unwrap().iter().any(|f| f["t"] == "reconnect" && f["after_ms"].is_u64());
+            let reconnect = others.lock().unwrap().iter().any(|f| matches!(f, ServerFrame::Reconnect(_)));
             async move { (code == Some(Some(4003)) && reconnect).then_some(()) }
         })
         .await;
@@ -220,7 +221,7 @@ async fn a_slow_consumer_blocks_nobody_and_loses_nothing() {
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("g"), "group", &["alice", "bob", "carol"]).await.unwrap();
     let mut stuck = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "slow")).await.unwrap();
-    stuck.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    stuck.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     let fast = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("carol", "fast"), "carol", "fast").await;
     for n in 0..200 {
         alice.send_until_committed(&format!("m{n}"), "g", &json!({"pad": "x".repeat(500)}), 20).await.unwrap();

@@ -184,7 +184,7 @@ async fn mariadb_restarted_while_sends_continue() {
 async fn network_cut_without_fin_for_30s() {
     let mut c = cluster("drill-netcut", None);
     start(&mut c, 1, 2).await;
-    let proxies = [TcpProxy::start(c.gateways[0].listen).await, TcpProxy::start(c.gateways[1].listen).await];
+    let proxies = [TcpProxy::start(c.gateways[0].listen()).await, TcpProxy::start(c.gateways[1].listen()).await];
     // Devices reach the gateways through the proxies (their network); senders directly.
     let via_proxy = proxies.iter().map(TcpProxy::url).collect();
     let mut d = Drill::start("network_cut_without_fin_for_30s", gateway_urls(&c), via_proxy, Traffic::default()).await;
@@ -222,7 +222,7 @@ async fn half_open_closes(c: &Cluster) -> f64 {
 /// ends and nothing is removed; the device gets every message once MySQL is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backlog_page_unreadable_from_mysql_removes_nothing() {
-    use herald_tests::{eventually, pending_ids, AutoDevice};
+    use herald_tests::{eventually, fill_backlog, pending_ids, AutoDevice, Fill};
     let mut db = MariaDb::start().await;
     let mut c = cluster("drill-frames", None);
     c.mysql_url = format!("{}/{}", db.base_url(), c.db_name);
@@ -232,12 +232,10 @@ async fn a_backlog_page_unreadable_from_mysql_removes_nothing() {
     // Bob's device is known to the gateway and trusted in this epoch, then goes offline.
     let bob = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
     bob.stop().await;
-    for n in 0..5 {
-        c.client(0, "alice", "a1").send(&format!("m{n}"), &conv, &serde_json::json!({"n": n})).await.unwrap();
-    }
-    let (redis, keys) = (c.redis().await, c.keys());
-    let pending = pending_ids(&redis, &keys, "bob", "b1").await;
+    let alice = c.client(0, "alice", "a1");
+    let pending = fill_backlog(&c, "bob", "b1", &conv, Fill::Sent { sender: &alice, n: 5, tasks: 1 }).await;
     assert_eq!(pending.len(), 5);
+    let (redis, keys) = (c.redis().await, c.keys());
     // The frames are gone from Redis (expired), and MySQL is down.
     for id in &pending {
         let _: i64 =

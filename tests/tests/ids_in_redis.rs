@@ -50,8 +50,7 @@ async fn pending_sets_order_page_and_remove_ids_above_2_pow_53_exactly() {
 /// early when more acked ids than that were still in the set).
 #[tokio::test]
 async fn the_pending_page_script_is_exact_after_any_cursor() {
-    use fred::interfaces::LuaInterface;
-    use herald_shared::keys::PENDING_PAGE_LUA;
+    use herald_shared::scripts::PENDING_PAGE;
     let redis = Builder::from_config(Config::from_url(&shared_redis_url()).unwrap()).build().unwrap();
     redis.init().await.unwrap();
     let key = format!("it{:08x}:page", rand::random::<u32>());
@@ -68,7 +67,7 @@ async fn the_pending_page_script_is_exact_after_any_cursor() {
             let (member, score) =
                 cursor.map_or((String::new(), String::new()), |c| (c.member(), c.score().to_string()));
             let out: Vec<String> =
-                redis.eval(PENDING_PAGE_LUA, vec![key], vec![member, score, n.to_string()]).await.unwrap();
+                PENDING_PAGE.call(&redis, vec![key], vec![member, score, n.to_string()]).await.unwrap();
             out.iter().map(|m| MsgId::from_member(m).unwrap()).collect::<Vec<_>>()
         }
     };

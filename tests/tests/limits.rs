@@ -3,8 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use herald_shared::client::{WsClient, WsEvent};
-use herald_tests::{eventually, pending_ids, Cluster};
+use herald_client::{WsClient, WsEvent};
+use herald_shared::error::ErrorCode;
+use herald_shared::protocol::{ErrorFrame, Hello, ServerFrame};
+use herald_tests::{ack_frame, fill_backlog, send_frame, Cluster, Fill};
 use serde_json::json;
 
 /// While a device drains a 5 000-message backlog (paced at 1 000/s), a new message
@@ -22,27 +24,9 @@ async fn realtime_overtakes_a_long_paced_backlog() {
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "desk").register_device().await.unwrap();
-    let mut tasks = Vec::new();
-    for t in 0..25 {
-        let alice = alice.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in 0..200 {
-                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 50).await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let redis = c.redis().await;
-    let keys = c.keys();
-    eventually(Duration::from_secs(30), "5000 pending", || {
-        let (redis, keys) = (redis.clone(), keys.clone());
-        async move { (pending_ids(&redis, &keys, "bob", "desk").await.len() == 5000).then_some(()) }
-    })
-    .await;
+    fill_backlog(&c, "bob", "desk", "ab", Fill::Sent { sender: &alice, n: 5000, tasks: 25 }).await;
 
-    let token = herald_shared::client::token(
+    let token = herald_client::token(
         herald_tests::SECRET,
         herald_tests::TENANT,
         "bob",
@@ -50,7 +34,7 @@ async fn realtime_overtakes_a_long_paced_backlog() {
         herald_shared::auth::Platform::Desktop,
     );
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &token).await.unwrap();
-    ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     let started = Instant::now();
     let mut backlog_seen = 0usize;
     let mut realtime_at = None;
@@ -59,15 +43,19 @@ async fn realtime_overtakes_a_long_paced_backlog() {
     let mut realtime_task = None;
     loop {
         let ev = ws.next(Duration::from_secs(20)).await.expect("frames keep coming");
-        let WsEvent::Frame(f) = ev else { panic!("closed: {ev:?}") };
-        match f["t"].as_str() {
-            Some("msg") => {
-                if f["cmid"] == "urgent" {
+        let f = match ev {
+            WsEvent::Frame(f) => f,
+            WsEvent::Other(_) => continue,
+            WsEvent::Closed(_) => panic!("closed: {ev:?}"),
+        };
+        match f {
+            ServerFrame::Msg(m) => {
+                if m.cmid == "urgent" {
                     realtime_at = Some(backlog_seen);
                 } else {
                     backlog_seen += 1;
                 }
-                ws.send(&json!({"t": "ack", "ids": [f["id"]]})).await.unwrap();
+                ws.send(&ack_frame([m.id])).await.unwrap();
                 if backlog_seen == 500 && !sent_realtime {
                     sent_realtime = true;
                     let s = realtime_sender.clone();
@@ -75,7 +63,7 @@ async fn realtime_overtakes_a_long_paced_backlog() {
                         Some(tokio::spawn(async move { s.send("urgent", "ab", &json!({"now": true})).await.unwrap() }));
                 }
             }
-            Some("caught_up") => break,
+            ServerFrame::CaughtUp(_) => break,
             _ => {}
         }
     }
@@ -108,7 +96,7 @@ async fn sends_and_connections_are_rate_limited_with_retry_hints() {
         match alice.send(&format!("h{n}"), "ab", &json!({})).await {
             Ok(_) => {}
             Err(e) => {
-                assert_eq!(e.code(), Some(herald_shared::error::ErrorCode::RateLimited));
+                assert_eq!(e.code(), Some(ErrorCode::RateLimited));
                 limited += 1;
             }
         }
@@ -117,14 +105,14 @@ async fn sends_and_connections_are_rate_limited_with_retry_hints() {
 
     // WebSocket: `rate_limited` with retry_after_ms, echoing the cmid.
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "b1")).await.unwrap();
-    ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     for n in 0..6 {
-        ws.send(&json!({"t": "send", "cmid": format!("w{n}"), "conv": "ab", "body": {}})).await.unwrap();
+        ws.send(&send_frame(&format!("w{n}"), "ab", &json!({}))).await.unwrap();
     }
-    let e = ws.next_of("error", Duration::from_secs(5)).await.unwrap();
-    assert_eq!(e["code"], "rate_limited");
-    assert!(e["retry_after_ms"].as_u64().unwrap() > 0);
-    assert!(e["ref"].as_str().unwrap().starts_with('w'));
+    let e = ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(e.code, ErrorCode::RateLimited);
+    assert!(e.retry_after_ms.unwrap() > 0);
+    assert!(e.reference.unwrap().starts_with('w'));
 
     // Admission: a burst of 3 connections (bob's is one), then refusals with a hint.
     let mut refused = 0;
@@ -132,10 +120,10 @@ async fn sends_and_connections_are_rate_limited_with_retry_hints() {
     for n in 0..4 {
         let mut w = WsClient::connect(&c.gateways[0].base_url(), &c.token("carol", &format!("c{n}"))).await.unwrap();
         match w.next(Duration::from_secs(5)).await {
-            Some(WsEvent::Frame(f)) if f["t"] == "hello" => keep.push(w),
-            Some(WsEvent::Frame(f)) if f["t"] == "error" => {
-                assert_eq!(f["code"], "rate_limited");
-                assert!(f["retry_after_ms"].as_u64().unwrap() >= 100);
+            Some(WsEvent::Frame(ServerFrame::Hello(_))) => keep.push(w),
+            Some(WsEvent::Frame(ServerFrame::Error(e))) => {
+                assert_eq!(e.code, ErrorCode::RateLimited);
+                assert!(e.retry_after_ms.unwrap() >= 100);
                 assert_eq!(w.next(Duration::from_secs(5)).await, Some(WsEvent::Closed(Some(1013))));
                 refused += 1;
             }

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use herald_tests::{bin, eventually, free_port, Cluster, SECRET};
+use herald_tests::{bin, eventually, Cluster, SECRET};
+use tokio::io::AsyncBufReadExt;
 
 fn counter(metrics: &str, name: &str) -> f64 {
     metrics
@@ -20,25 +21,32 @@ async fn the_probe_counts_messages_both_ways_and_sees_no_loss() {
     c.start_worker(&[]).await;
     c.start_gateway(&[]).await;
     c.start_gateway(&[]).await;
-    let port = free_port();
     let gateways = format!("{},{}", c.gateways[0].base_url(), c.gateways[1].base_url());
     let mut probe = tokio::process::Command::new(bin("herald-loadtest"))
-        .args([
-            "probe",
-            "--gateways",
-            &gateways,
-            "--interval-ms",
-            "100",
-            "--duration",
-            "30",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
+        .args(["probe", "--gateways", &gateways, "--interval-ms", "100", "--duration", "30", "--listen", "127.0.0.1:0"])
         .env("HERALD_JWT_SECRET", SECRET)
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let url = format!("http://127.0.0.1:{port}/metrics");
+    // It says where it listens; the rest of its output goes on to the test's.
+    let mut lines = tokio::io::BufReader::new(probe.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            eprintln!("{line}");
+            if let Some(url) = line.strip_prefix("probe metrics on ") {
+                return url.to_owned();
+            }
+        }
+        panic!("the probe exited before it listened");
+    })
+    .await
+    .expect("the probe listens within 30 s");
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("{line}");
+        }
+    });
     let metrics = eventually(Duration::from_secs(30), "the probe has exchanged 40 messages", || {
         let url = url.clone();
         async move {

@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use fred::interfaces::{HashesInterface, KeysInterface};
-use herald_shared::client::{WsClient, WsEvent};
+use herald_client::{WsClient, WsEvent};
+use herald_shared::protocol::{Hello, ServerFrame};
 use herald_tests::redis_cluster::RedisCluster;
-use herald_tests::{eventually, pending_ids, AutoDevice, Cluster, TENANT};
+use herald_tests::{ack_frame, eventually, fill_backlog, pending_ids, AutoDevice, Cluster, Fill, TENANT};
 use serde_json::json;
 
 fn user(i: usize) -> String {
@@ -130,7 +131,11 @@ async fn delivery_fans_out_over_two_gateways_on_redis_cluster() {
     for d in devices.iter().filter(|d| (d.user == "u0" && d.device == "p1") || d.user == "u1") {
         let others = d.others.clone();
         eventually(Duration::from_secs(10), "the read reaches the other devices", || {
-            let ok = others.lock().unwrap().iter().any(|f| f["t"] == "read" && f["conv"] == "d0" && f["seq"] == 2);
+            let ok = others
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|f| matches!(f, ServerFrame::Read(r) if r.conv == "d0" && r.seq == 2));
             async move { ok.then_some(()) }
         })
         .await;
@@ -139,7 +144,7 @@ async fn delivery_fans_out_over_two_gateways_on_redis_cluster() {
     // The same device again on the other gateway: the first session is kicked (4002).
     let first = devices.iter().find(|d| d.user == "u7" && d.device == "p0").unwrap();
     let mut second = WsClient::connect(&c.gateways[1].base_url(), &c.token("u7", "p0")).await.unwrap();
-    second.next_of("hello", Duration::from_secs(5)).await.unwrap();
+    second.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
     let closed = first.closed.clone();
     let code = eventually(Duration::from_secs(10), "the replaced session is closed", || {
         let code = *closed.lock().unwrap();
@@ -206,25 +211,8 @@ async fn backlog_pages_read_frames_from_every_master() {
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "phone").register_device().await.unwrap();
-    let mut tasks = Vec::new();
-    for t in 0..4 {
-        let alice = alice.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in 0..25 {
-                alice.send_until_committed(&format!("{t}-{n}"), "ab", &json!({"n": n}), 20).await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let redis = c.redis().await;
-    let keys = c.keys();
-    let pending = eventually(Duration::from_secs(20), "100 messages pending for the offline device", || {
-        let (redis, keys) = (redis.clone(), keys.clone());
-        async move { Some(pending_ids(&redis, &keys, "bob", "phone").await).filter(|p| p.len() == 100) }
-    })
-    .await;
+    let pending = fill_backlog(&c, "bob", "phone", "ab", Fill::Sent { sender: &alice, n: 100, tasks: 4 }).await;
+    let (redis, keys) = (c.redis().await, c.keys());
     let frames_by_node = rc.keys_by_node(&format!("{}:m:*", c.prefix));
     assert!(
         frames_by_node.iter().filter(|k| !k.is_empty()).count() > 1,
@@ -235,8 +223,8 @@ async fn backlog_pages_read_frames_from_every_master() {
     sqlx::query("DELETE FROM messages").execute(&c.db().await).await.unwrap();
 
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "phone")).await.unwrap();
-    let hello = ws.next_of("hello", Duration::from_secs(5)).await.unwrap();
-    assert_eq!(hello["pending"], 100);
+    let hello = ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(hello.pending, 100);
     let mut got: Vec<u64> = Vec::new();
     let mut pages = 0;
     loop {
@@ -244,8 +232,8 @@ async fn backlog_pages_read_frames_from_every_master() {
         let mut caught_up = false;
         while let Some(ev) = ws.next(Duration::from_millis(400)).await {
             match ev {
-                WsEvent::Frame(f) if f["t"] == "msg" => page.push(f["id"].as_str().unwrap().to_string()),
-                WsEvent::Frame(f) if f["t"] == "caught_up" => {
+                WsEvent::Frame(ServerFrame::Msg(m)) => page.push(m.id),
+                WsEvent::Frame(ServerFrame::CaughtUp(_)) => {
                     caught_up = true;
                     break;
                 }
@@ -258,8 +246,8 @@ async fn backlog_pages_read_frames_from_every_master() {
         }
         assert!(!page.is_empty(), "the backlog stalled after {} messages", got.len());
         pages += 1;
-        got.extend(page.iter().map(|i| i.parse::<u64>().unwrap()));
-        ws.send(&json!({"t": "ack", "ids": page})).await.unwrap();
+        got.extend(page.iter().map(|i| i.0));
+        ws.send(&ack_frame(page)).await.unwrap();
     }
     assert_eq!(pages, 4, "pages of 25");
     assert!(got.windows(2).all(|w| w[0] < w[1]), "oldest first");

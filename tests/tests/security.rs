@@ -10,10 +10,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use herald_client::{WsClient, WsEvent};
 use herald_shared::auth::{sign, Claims, Platform};
-use herald_shared::client::{WsClient, WsEvent};
-use herald_shared::ids::now_ms;
-use herald_tests::{pending_ids, Cluster, SECRET};
+use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::protocol::{
+    ClientFrame, ErrorFrame, FrameKind, History, PingFrame, Pong, ReadFrame, Sent, ServerFrame, SyncFrame,
+};
+use herald_tests::{ack_frame, pending_ids, send_frame, Cluster, SECRET};
 use serde_json::{json, Value};
 
 const ACME: &str = "acme";
@@ -192,8 +195,8 @@ fn apis() -> Vec<Api> {
             call: |c, w| {
                 Box::pin(c.ws(
                     w,
-                    json!({"t": "send", "cmid": format!("ws-{w:?}"), "conv": w.target(), "body": {"x": 1}}),
-                    &["sent", "error"],
+                    send_frame(&format!("ws-{w:?}"), w.target(), &json!({"x": 1})),
+                    &[Sent::T, ErrorFrame::T],
                 ))
             },
             expect: [NF, FB, FB, UA, UA, NF],
@@ -201,29 +204,27 @@ fn apis() -> Vec<Api> {
         Api {
             name: "ws sync",
             call: |c, w| {
-                Box::pin(c.ws(
-                    w,
-                    json!({"t": "sync", "conv": w.target(), "after_seq": 0, "limit": 100, "ref": "s1"}),
-                    &["history", "error"],
-                ))
+                let sync =
+                    SyncFrame { conv: w.target().into(), after_seq: 0, limit: Some(100), reference: Some("s1".into()) };
+                Box::pin(c.ws(w, ClientFrame::Sync(sync), &[History::T, ErrorFrame::T]))
             },
             expect: [NF, FB, Served, UA, UA, NF],
         },
         Api {
             name: "ws read",
-            call: |c, w| Box::pin(c.ws(w, json!({"t": "read", "conv": w.target(), "seq": 1}), &[])),
+            call: |c, w| Box::pin(c.ws(w, ClientFrame::Read(ReadFrame { conv: w.target().into(), seq: 1 }), &[])),
             expect: [NF, FB, FB, UA, UA, NF],
         },
         Api {
             // Acks of another device's messages are accepted (acks are idempotent) and
             // touch only the caller's own pending set: checked after the matrix.
             name: "ws ack (another device's message ids)",
-            call: |c, w| Box::pin(c.ws(w, json!({"t": "ack", "ids": c.ids.clone()}), &[])),
+            call: |c, w| Box::pin(c.ws(w, ack_frame(c.ids.clone()), &[])),
             expect: [Served, Served, Served, UA, UA, Served],
         },
         Api {
             name: "ws ping",
-            call: |c, w| Box::pin(c.ws(w, json!({"t": "ping", "ts": 1}), &["pong", "error"])),
+            call: |c, w| Box::pin(c.ws(w, ClientFrame::Ping(PingFrame { ts: Some(1) }), &[Pong::T, ErrorFrame::T])),
             expect: [Served, Served, Served, UA, UA, Served],
         },
         Api {
@@ -248,7 +249,7 @@ struct Ctx {
     base: String,
     http: reqwest::Client,
     /// Ids of acme's messages (pending for the member's device).
-    ids: Vec<String>,
+    ids: Vec<MsgId>,
 }
 
 impl Ctx {
@@ -275,14 +276,14 @@ impl Ctx {
         Outcome { code: Some(if want == status { code } else { format!("{code} with status {status}") }), seen }
     }
 
-    /// Connects, sends `frame` and waits for a frame of one of `answers` (none: a
+    /// Connects, sends `frame` and waits for a frame of one of the kinds `answers` (none: a
     /// success has no frame; an `error` within a second and a half is the answer).
-    async fn ws(&self, who: Who, frame: Value, answers: &[&str]) -> Outcome {
+    async fn ws(&self, who: Who, frame: ClientFrame, answers: &[&str]) -> Outcome {
         let mut ws = WsClient::connect(&self.base, &who.token()).await.expect("upgrade");
         let mut seen = String::new();
         match ws.next(Duration::from_secs(5)).await {
             Some(WsEvent::Closed(Some(4001))) => return Outcome { code: Some("unauthorized".into()), seen },
-            Some(WsEvent::Frame(f)) if f["t"] == "hello" => seen.push_str(&f.to_string()),
+            Some(WsEvent::Frame(f @ ServerFrame::Hello(_))) => seen.push_str(&f.to_json()),
             other => return Outcome { code: Some(format!("no hello: {other:?}")), seen },
         }
         ws.send(&frame).await.expect("frame sent");
@@ -294,14 +295,14 @@ impl Ctx {
                 None if answers.is_empty() => break,
                 None => return Outcome { code: Some(format!("no answer within {wait:?}")), seen },
                 Some(WsEvent::Closed(code)) => return Outcome { code: Some(format!("closed {code:?}")), seen },
+                Some(WsEvent::Other(text)) => seen.push_str(&text),
                 Some(WsEvent::Frame(f)) => {
-                    seen.push_str(&f.to_string());
-                    let t = f["t"].as_str().unwrap_or("");
-                    if t == "error" {
+                    seen.push_str(&f.to_json());
+                    if let ServerFrame::Error(e) = f {
                         ws.close().await;
-                        return Outcome { code: f["code"].as_str().map(str::to_owned), seen };
+                        return Outcome { code: Some(e.code.as_str().to_owned()), seen };
                     }
-                    if answers.contains(&t) {
+                    if answers.contains(&f.kind()) {
                         break;
                     }
                 }
@@ -343,11 +344,7 @@ async fn every_api_refuses_callers_outside_the_conversation_without_leaking_it()
     })
     .await;
 
-    let ctx = Ctx {
-        base: c.gateways[0].base_url(),
-        http: reqwest::Client::new(),
-        ids: vec![early.id.to_string(), late.id.to_string()],
-    };
+    let ctx = Ctx { base: c.gateways[0].base_url(), http: reqwest::Client::new(), ids: vec![early.id, late.id] };
     let mut failures = Vec::new();
     for api in apis() {
         for (who, expect) in WHO.iter().zip(api.expect) {

@@ -171,13 +171,8 @@ async fn bad_input_gets_protocol_errors_and_stores_nothing() {
 
     let body = json!({"text": "hi"});
     // Tokens: wrong secret, expired, garbage.
-    let forged = herald_shared::client::token(
-        "another-secret-0123456789",
-        TENANT,
-        "alice",
-        "a1",
-        herald_shared::auth::Platform::Ios,
-    );
+    let forged =
+        herald_client::token("another-secret-0123456789", TENANT, "alice", "a1", herald_shared::auth::Platform::Ios);
     let expired = herald_shared::auth::sign(
         &herald_shared::auth::Claims {
             tid: TENANT.into(),
@@ -189,10 +184,8 @@ async fn bad_input_gets_protocol_errors_and_stores_nothing() {
         herald_tests::SECRET.as_bytes(),
     );
     for bad in [forged, expired, "not-a-jwt".to_string()] {
-        let e = herald_shared::client::HttpClient::new(c.gateways[0].base_url(), bad)
-            .send("x1", "ab", &body)
-            .await
-            .unwrap_err();
+        let e =
+            herald_client::HttpClient::new(c.gateways[0].base_url(), bad).send("x1", "ab", &body).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
     }
     // Another tenant's conversation is not found, whatever ids it sends.
@@ -271,7 +264,7 @@ async fn back_to_back_sends_of_one_device_get_increasing_seq() {
             .as_bytes(),
         );
     }
-    let mut conn = tokio::net::TcpStream::connect(c.gateways[0].listen).await.unwrap();
+    let mut conn = tokio::net::TcpStream::connect(c.gateways[0].listen()).await.unwrap();
     conn.write_all(&requests).await.unwrap();
     let mut seqs = Vec::new();
     let mut buf = Vec::new();
