@@ -56,7 +56,10 @@ async fn receive_all(c: &Cluster, user: &str, device: &str, want: &BTreeSet<u64>
 async fn redis_data_loss_during_traffic_loses_nothing() {
     let mut redis = RedisServer::start().await;
     let mut c = Cluster::with_redis("redisloss", redis.url());
-    c.set("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1000")
+    c // The watermark trails by the outbox's whole retry window (checked at start):
+        // 1 s + 100 x 300 ms + a 2 s stale claim.
+        .set("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "35000")
+        .set("HERALD_OUTBOX__SENDING_STALE_MS", "2000")
         .set("HERALD_GATEWAY__WATERMARK_FLUSH_MS", "300")
         .set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "2000")
         .set("HERALD_WORKER__LEASE_TTL_MS", "1500")

@@ -29,7 +29,10 @@ fn cluster(name: &str, redis_url: Option<String>) -> Cluster {
         .set("HERALD_GATEWAY__ACK_PROBE_MS", "2000")
         .set("HERALD_GATEWAY__DRAIN_MS", "1000")
         .set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "2000")
-        .set("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1000")
+        // The watermark trails by the outbox's whole retry window (checked at start):
+        // 1 s + 100 x 300 ms + a 2 s stale claim.
+        .set("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "35000")
+        .set("HERALD_OUTBOX__SENDING_STALE_MS", "2000")
         .set("HERALD_GATEWAY__WATERMARK_FLUSH_MS", "300")
         .set("HERALD_WORKER__LEASE_TTL_MS", "1500")
         .set("HERALD_OUTBOX__FIXED_DELAY_MS", "200")
