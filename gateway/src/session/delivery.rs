@@ -33,11 +33,25 @@ where
         ControlFlow::Continue(())
     }
 
-    /// Reads and pushes the next backlog page when one is due and the buckets allow.
+    /// Reads and pushes backlog pages while they are due and the buckets allow: a read
+    /// that pushed nothing (an empty page, a band check) leads straight to the next.
     pub(super) async fn read_backlog(&mut self) -> Flow {
+        // Bounded, so a band that keeps changing cannot hold the loop.
+        for _ in 0..8 {
+            match self.read_backlog_once().await {
+                ControlFlow::Continue(true) => continue,
+                ControlFlow::Continue(false) => return ControlFlow::Continue(()),
+                ControlFlow::Break(end) => return ControlFlow::Break(end),
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// One read; `Continue(true)` when another may follow at once.
+    async fn read_backlog_once(&mut self) -> ControlFlow<End, bool> {
         let now = Instant::now();
         let Some(request) = self.backlog.next_request(now, self.inflight.room()) else {
-            return ControlFlow::Continue(());
+            return ControlFlow::Continue(false);
         };
         if let PageRequest::Band { want, .. } | PageRequest::Set { want, .. } = &request {
             // Pace: the device's bucket, then the node's (a login storm must not starve it).
@@ -47,7 +61,7 @@ where
             if let Some(wait) = wait {
                 metrics::counter!("herald_backlog_throttled_total").increment(1);
                 self.backlog.pace_until(now + wait);
-                return ControlFlow::Continue(());
+                return ControlFlow::Continue(false);
             }
         }
         let read = match request {
@@ -56,7 +70,7 @@ where
             PageRequest::Set { after, want } => self.read_page(after, want).await,
         };
         match read {
-            Ok(()) => ControlFlow::Continue(()),
+            Ok(()) => ControlFlow::Continue(true),
             Err(e) => {
                 tracing::warn!(error = %e, "backlog read failed");
                 ControlFlow::Break(End::Close(CloseCode::InternalError, "dependency unavailable"))
@@ -117,6 +131,8 @@ where
 
     /// A page of the pending set.
     async fn read_page(&mut self, after: Option<MsgId>, want: usize) -> Result<(), SessionError> {
+        // Acked ids waiting to be removed would come back as entries: remove them first.
+        self.flush_acks().await?;
         let (cursor, score) = match after {
             None => (String::new(), String::new()),
             Some(id) => (id.member(), id.score().to_string()),
