@@ -214,10 +214,15 @@ impl Cluster {
     /// Those ports are in the kernel's ephemeral range, where an outgoing connection may
     /// take one meanwhile as its local port: then it tries again for a while.
     pub async fn respawn_gateway(&mut self, i: usize) {
+        self.respawn_gateway_with(i, &[]).await
+    }
+
+    /// [`Cluster::respawn_gateway`] with settings of its own (its node id, say).
+    pub async fn respawn_gateway_with(&mut self, i: usize, extra: &[(&str, &str)]) {
         let addrs = (self.gateways[i].listen(), self.gateways[i].admin);
         let deadline = Instant::now() + Duration::from_secs(30);
         let p = loop {
-            match self.launch(Kind::Gateway, &[], Some(addrs)).await {
+            match self.launch(Kind::Gateway, extra, Some(addrs)).await {
                 Ok(p) => break p,
                 Err(log) if log.contains("Address already in use") && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(500)).await;

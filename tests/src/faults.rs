@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 use crate::{eventually, free_port, Cluster, RedisServer};
 
-fn signal(pid: u32, sig: &str) {
+pub fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill(1) runs");
     assert!(status.success(), "kill {sig} {pid} failed");
 }
