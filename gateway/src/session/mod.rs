@@ -212,14 +212,14 @@ where
         let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
         self.epoch = EpochSeen::new(&self.env.epoch);
         self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch).await?;
-        // The band's messages (some of which the set may hold too), and the set's above it.
-        let pending: u64 = match self.env.recovery.band(&self.device).await? {
-            None => redis.zcard(&self.pending_key).await?,
-            Some(band) => {
-                let above: u64 = redis.zcount(&self.pending_key, band.high.score().next_up(), f64::INFINITY).await?;
-                above + self.env.history.band_count(&self.device, band.low, band.high, BAND_COUNT_MAX).await?
-            }
-        };
+        // With a band: its messages (the set may hold some of them too) and the set's
+        // above it, or the set's size if that is more.
+        let mut pending: u64 = redis.zcard(&self.pending_key).await?;
+        if let Some(band) = self.env.recovery.band(&self.device).await? {
+            let above: u64 = redis.zcount(&self.pending_key, band.high.score().next_up(), f64::INFINITY).await?;
+            let in_band = self.env.history.band_count(&self.device, band.low, band.high, BAND_COUNT_MAX).await?;
+            pending = pending.max(in_band + above);
+        }
         metrics::histogram!("herald_pending_at_connect").record(pending as f64);
         let hello = Hello { session: self.id.clone(), hb_ms: self.env.cfg.gateway.heartbeat_ms, pending };
         self.send_frame(hello).await;
