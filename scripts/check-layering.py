@@ -45,7 +45,7 @@ LAYERS = {
     "worker": [
         ["lease", "batch", "projections"],
         ["commit", "fanout", "reads"],
-        ["outbox"],
+        ["outbox", "committer"],
         ["context"],
         ["ingress", "trace"],
         ["admin"],

@@ -46,18 +46,79 @@ pub enum CommitError {
     Db(#[from] sqlx::Error),
     #[error(transparent)]
     NoIds(#[from] NoIdLease),
+    /// Another worker took the shard since this one's lease: it must stop.
+    #[error("shard {0} was taken over (fencing token moved on)")]
+    Fenced(u32),
+}
+
+/// What to do about a failed commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A deadlock, or a unique-key race with another worker during a takeover: run the
+    /// batch again (dedup finds the winner).
+    Conflict,
+    /// MySQL unreachable, overloaded or restarting, or no snowflake ids: wait, retry.
+    Transient,
+    /// MySQL refused the data itself: the same batch will fail again, so find the
+    /// entry that does it.
+    Poison,
+    /// The shard belongs to another worker now.
+    Fenced,
 }
 
 impl CommitError {
-    /// Deadlocks and unique-key races (another worker committed the same cmid while
-    /// this shard changed hands) are resolved by running the batch again.
-    pub fn is_retryable(&self) -> bool {
+    pub fn failure(&self) -> Failure {
         match self {
+            CommitError::Fenced(_) => Failure::Fenced,
+            CommitError::NoIds(_) => Failure::Transient,
             CommitError::Db(sqlx::Error::Database(e)) => {
-                matches!(e.code().as_deref(), Some("40001") | Some("23000")) || e.message().contains("Deadlock")
+                let number = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().map(|m| m.number());
+                let state = e.code().unwrap_or_default();
+                match number {
+                    // Deadlock, duplicate key.
+                    Some(1213 | 1062) => Failure::Conflict,
+                    // Lock wait timeout, too many connections, shutdown, interrupted,
+                    // statement time limit, read-only during a failover.
+                    Some(1205 | 1040 | 1053 | 1317 | 1969 | 3024 | 1290 | 1836) => Failure::Transient,
+                    _ if state == "40001" => Failure::Conflict,
+                    _ if state.starts_with("08") || state.starts_with("HYT") => Failure::Transient,
+                    _ => Failure::Poison,
+                }
             }
-            _ => false,
+            CommitError::Db(_) => Failure::Transient,
         }
+    }
+}
+
+/// A shard's fencing token, as its current owner took it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub shard: u32,
+    pub token: u64,
+}
+
+impl Fence {
+    /// Takes the shard's next token: from now on only commits with it go through. Waits
+    /// for a commit of the previous owner that is still running.
+    pub async fn take(db: &MySqlPool, shard: u32) -> Result<Fence, sqlx::Error> {
+        let mut tx = db.begin().await?;
+        sqlx::query("INSERT INTO shard_fences (shard, token) VALUES (?, 1) ON DUPLICATE KEY UPDATE token = token + 1")
+            .bind(shard)
+            .execute(&mut *tx)
+            .await?;
+        let token: u64 = sqlx::query_scalar("SELECT token FROM shard_fences WHERE shard = ?")
+            .bind(shard)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Fence { shard, token })
+    }
+}
+
+impl BatchResult {
+    /// Every one of `n` entries refused, nothing committed.
+    pub fn refused(n: usize, code: ErrorCode, message: &str) -> BatchResult {
+        BatchResult { outcomes: vec![Outcome::Rejected(code, message.into()); n], ..BatchResult::default() }
     }
 }
 
@@ -84,10 +145,25 @@ impl CommitPipeline {
         CommitPipeline { db, first_retry_delay_ms }
     }
 
-    pub async fn commit(&self, entries: &[IngressEntry], ids: &IdSource) -> Result<BatchResult, CommitError> {
+    pub async fn commit(
+        &self,
+        entries: &[IngressEntry],
+        ids: &IdSource,
+        fence: Fence,
+    ) -> Result<BatchResult, CommitError> {
         let started = Instant::now();
         let mut tx = self.db.begin().await?;
         let now = now_ms();
+        // 0. Still the shard's owner? The shared lock holds a new owner's token bump off
+        // until this transaction ends.
+        let token: Option<u64> =
+            sqlx::query_scalar("SELECT token FROM shard_fences WHERE shard = ? LOCK IN SHARE MODE")
+                .bind(fence.shard)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if token != Some(fence.token) {
+            return Err(CommitError::Fenced(fence.shard));
+        }
 
         // 1. Repeats of already committed messages.
         let mut existing: HashMap<(String, String, String), SendResult> = HashMap::new();

@@ -19,7 +19,8 @@ use herald_shared::protocol::{IngressRequest, NodeEnvelope, SendNotice, SendOutc
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::commit::Outcome;
+use crate::commit::{Fence, Outcome};
+use crate::committer::ShardCommitter;
 use crate::context::WorkerContext;
 use crate::lease::Lease;
 
@@ -54,6 +55,9 @@ impl ShardBalancer {
                 }
             }
             metrics::gauge!("herald_worker_owned_shards").set(self.owned.len() as f64);
+            if let Err(e) = self.report_streams().await {
+                tracing::debug!(error = %e, "ingress streams not measured");
+            }
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(period) => {}
@@ -66,6 +70,36 @@ impl ShardBalancer {
         let redis = &self.shared.redis;
         let _: Result<i64, _> = redis.zrem(self.shared.keys.workers(), self.shared.cfg.node_id.as_str()).await;
         self.shared.ids.release(redis).await;
+    }
+
+    /// Every shard's backlog, whoever owns it: entries not yet committed and the age of
+    /// the oldest (committed entries leave the stream), so a stalled shard shows even
+    /// when its consumer is stuck and reports nothing itself.
+    async fn report_streams(&self) -> Result<(), Error> {
+        let s = &self.shared;
+        let pipe = s.redis.next().pipeline();
+        for shard in 0..s.cfg.ingress.shards {
+            let key = s.keys.ingress(shard);
+            let _: () = pipe.xlen(&key).await?;
+            let _: () = pipe.xrange::<(), _, _, _>(&key, "-", "+", Some(1)).await?;
+        }
+        let answers: Vec<Value> = pipe.all().await?;
+        let now = now_ms();
+        for (shard, pair) in answers.chunks(2).enumerate() {
+            let [len, first] = pair else { continue };
+            let len = len.as_u64().unwrap_or(0);
+            // The oldest entry's id starts with the time it was added, in ms.
+            let oldest = first
+                .clone()
+                .into_array()
+                .first()
+                .and_then(|e| e.clone().into_array().first().and_then(|id| id.as_string()))
+                .and_then(|id| id.split('-').next().and_then(|ms| ms.parse::<u64>().ok()));
+            let age = oldest.map_or(0.0, |t| now.saturating_sub(t) as f64 / 1000.0);
+            metrics::gauge!("herald_ingress_stream_length", "shard" => shard.to_string()).set(len as f64);
+            metrics::gauge!("herald_ingress_oldest_age_seconds", "shard" => shard.to_string()).set(age);
+        }
+        Ok(())
     }
 
     async fn give_up(&mut self, shard: u32) {
@@ -117,10 +151,24 @@ impl ShardBalancer {
                     continue;
                 }
                 if let Some(lease) = Lease::acquire(&s.redis, s.keys.lease(&format!("shard:{shard}")), ttl).await? {
-                    tracing::info!(shard, "ingress shard acquired");
+                    let fence = match Fence::take(&s.db, shard).await {
+                        Ok(f) => f,
+                        Err(e) => {
+                            // Without a token no commit could go through: try again later.
+                            tracing::warn!(shard, error = %e, "cannot take the shard's fencing token");
+                            lease.release(&s.redis).await;
+                            continue;
+                        }
+                    };
+                    tracing::info!(shard, token = fence.token, "ingress shard acquired");
                     let cancel = CancellationToken::new();
-                    let consumer =
-                        IngressShard { shard, key: s.keys.ingress(shard), shared: s.clone(), lease: lease.clone() };
+                    let consumer = IngressShard {
+                        shard,
+                        key: s.keys.ingress(shard),
+                        shared: s.clone(),
+                        lease: lease.clone(),
+                        fence,
+                    };
                     let task = tokio::spawn(consumer.run(cancel.clone()));
                     self.owned.insert(shard, OwnedShard { lease, cancel, task });
                 }
@@ -136,6 +184,8 @@ pub struct IngressShard {
     key: String,
     shared: Arc<WorkerContext>,
     lease: Arc<Lease>,
+    /// Taken with the lease: commits of a worker whose lease lapsed are refused.
+    fence: Fence,
 }
 
 impl IngressShard {
@@ -239,37 +289,20 @@ impl IngressShard {
             }
         }
 
-        let mut attempt: u32 = 0;
-        let result = loop {
-            if cancel.is_cancelled() || !self.lease.is_valid() {
-                return Ok(false);
-            }
-            match s.commit.commit(&valid, &s.ids).await {
-                Ok(r) => break r,
-                Err(e) => {
-                    attempt += 1;
-                    if e.is_retryable() && attempt < 5 {
-                        tracing::debug!(error = %e, "batch conflict; running it again");
-                    } else if e.is_retryable() {
-                        // A conflict that does not go away: a conversation's last_seq is
-                        // behind its messages (edited rows?). Nothing is skipped; the
-                        // shard waits until an operator repairs the projections.
-                        metrics::counter!("herald_mysql_errors_total").increment(1);
-                        tracing::error!(shard = self.shard, error = %e, attempt,
-                            "batch keeps conflicting; run `herald-worker rebuild-projections`");
-                        tokio::time::sleep(Duration::from_millis((100 * u64::from(attempt)).min(5_000))).await;
-                    } else {
-                        metrics::counter!("herald_mysql_errors_total").increment(1);
-                        tracing::warn!(shard = self.shard, error = %e, attempt, "batch commit failed; retrying");
-                        tokio::time::sleep(Duration::from_millis((50 * u64::from(attempt)).min(1_000))).await;
-                    }
-                }
-            }
+        let committer = ShardCommitter {
+            pipeline: &s.commit,
+            ids: &s.ids,
+            fence: self.fence,
+            max_bytes: s.cfg.worker.batch_max_bytes,
+        };
+        let Some(results) = committer.commit(&valid, || !cancel.is_cancelled() && self.lease.is_valid()).await else {
+            return Ok(false);
         };
 
         // Answers to the waiting gateways, right after COMMIT.
         let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
-        for (e, outcome) in valid.iter().zip(&result.outcomes) {
+        let answered = results.iter().flat_map(|(range, r)| valid[range.clone()].iter().zip(&r.outcomes));
+        for (e, outcome) in answered {
             let outcome = match outcome {
                 Outcome::Done(r) => {
                     if r.dup {
@@ -322,7 +355,8 @@ impl IngressShard {
         }
 
         // Fan-out, immediately; the outbox row covers any failure.
-        if let Some(outbox_id) = result.outbox_id {
+        for (_, result) in &results {
+            let Some(outbox_id) = result.outbox_id else { continue };
             match s.fanout.deliver_to(&result.committed, &result.recipients).await {
                 Ok(()) => {
                     if s.sent_marks.try_send(outbox_id).is_err() {

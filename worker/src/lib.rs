@@ -6,7 +6,8 @@
 //! # Layout (lower modules never import higher ones; docs/architecture.md)
 //! - Leaves: [`lease`] (shard and snowflake-id leases), [`batch`] (what a committed
 //!   batch hands on), [`projections`] (the `rebuild-projections` command).
-//! - The pipeline: [`commit`] (one transaction per batch), [`fanout`] (pending sets,
+//! - The pipeline: [`commit`] (one transaction per batch), [`committer`] (a shard's
+//!   batch in byte-bounded chunks, poison entries isolated), [`fanout`] (pending sets,
 //!   frames and node publishes), [`outbox`] (the transactional outbox and its
 //!   dispatcher), [`reads`] (read receipts and their `read` frames).
 //! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
@@ -15,6 +16,7 @@
 pub mod admin;
 pub mod batch;
 pub mod commit;
+pub mod committer;
 pub mod context;
 pub mod fanout;
 pub mod ingress;

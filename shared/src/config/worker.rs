@@ -9,6 +9,11 @@ section! {
     {
         /// Most stream entries committed in one MySQL transaction.
         pub batch_max: usize = "512",
+        /// Most bytes of message bodies committed in one MySQL transaction (4 MiB).
+        ///
+        /// Its statement must stay below the server's `max_allowed_packet`; one message
+        /// always goes, whatever its size.
+        pub batch_max_bytes: usize = "4194304",
         /// How long one XREADGROUP blocks waiting for entries.
         pub batch_block_ms: u64 = "1000",
         /// Lease time of shard ownership and of the snowflake worker id; renewed at a third.
@@ -37,6 +42,9 @@ impl WorkerConfig {
         // at most 65 535 placeholders in one statement.
         if self.batch_max == 0 || self.batch_max > MAX_BATCH {
             bad.push("worker.batch_max", &format!("must be 1..={MAX_BATCH} (MySQL's placeholder limit)"));
+        }
+        if self.batch_max_bytes < 1_024 {
+            bad.push("worker.batch_max_bytes", "must be at least 1024");
         }
         if self.lease_ttl_ms < 300 {
             bad.push("worker.lease_ttl_ms", "must be at least 300");
