@@ -1,0 +1,124 @@
+//! What a worker does when MySQL refuses or delays a batch: a message the database
+//! will not store is isolated and refused while the rest of its batch commits in order;
+//! a shard whose commits are stuck shows it in its backlog gauges; a database that may
+//! lose commits is reported.
+
+use std::time::Duration;
+
+use herald_shared::error::ErrorCode;
+use herald_shared::protocol::ServerFrame;
+use herald_tests::drill::metric;
+use herald_tests::faults::MariaDb;
+use herald_tests::{eventually, AutoDevice, Cluster, TENANT};
+use serde_json::json;
+
+/// A batch holding one message MySQL refuses (here a trigger refuses its body): that
+/// message alone is refused with `bad_request`, every other one commits, in send order,
+/// and the shard goes on. Before: the batch was retried forever and every send in it,
+/// and after it, waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_database_refuses_is_refused_alone_and_the_shard_goes_on() {
+    let mut c = Cluster::new("poison");
+    c.set("HERALD_INGRESS__SHARDS", "1");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let db = c.db().await;
+    sqlx::raw_sql(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON messages FOR EACH ROW BEGIN \
+         IF NEW.body LIKE '%\"poison\"%' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'; END IF; END",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+
+    let dev = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("alice", "a1"), "alice", "a1").await;
+    for k in 0..10 {
+        let body = if k == 4 { json!("poison") } else { json!({ "k": k }) };
+        dev.send(&format!("m{k}"), "ab", body).await;
+    }
+    let refused = eventually(Duration::from_secs(20), "nine sent and one refused", || async {
+        let sent = dev.sent.lock().unwrap().len();
+        let refused = dev.others.lock().unwrap().iter().find_map(|f| match f {
+            ServerFrame::Error(e) if e.reference.as_deref() == Some("m4") => Some(e.clone()),
+            _ => None,
+        });
+        refused.filter(|_| sent == 9)
+    })
+    .await;
+    assert_eq!(refused.code, ErrorCode::BadRequest, "{refused:?}");
+    let sent = dev.sent.lock().unwrap().clone();
+    let seqs: Vec<u64> = [0, 1, 2, 3, 5, 6, 7, 8, 9].iter().map(|k| sent[&format!("m{k}")].1).collect();
+    assert_eq!(seqs, (1..=9).collect::<Vec<_>>(), "the others commit in send order");
+    let after = alice.send("later", "ab", &json!("still going")).await.unwrap();
+    assert_eq!(after.seq, 10, "the shard goes on");
+    assert!(metric(&c.workers[0].admin_url(), "herald_ingress_poison_total").await >= 1.0);
+    dev.stop().await;
+}
+
+/// A shard whose commit waits (a conversation row locked elsewhere) shows its backlog:
+/// the gauges of its stream length and oldest entry age rise, reported by the
+/// balancer, not by the stuck consumer; they fall once it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_shard_shows_in_its_backlog_gauges() {
+    let mut c = Cluster::new("stuckshard");
+    c.set("HERALD_INGRESS__SHARDS", "1").set("HERALD_WORKER__LEASE_TTL_MS", "1500");
+    c.set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "30000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let db = c.db().await;
+    let mut lock = db.begin().await.unwrap();
+    sqlx::query("SELECT id FROM conversations WHERE tenant_id = ? AND id = 'ab' FOR UPDATE")
+        .bind(TENANT)
+        .fetch_one(&mut *lock)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move { alice.send("m1", "ab", &json!("held")).await });
+    let admin = c.workers[0].admin_url();
+    eventually(Duration::from_secs(15), "the shard's oldest entry is seconds old", || {
+        let admin = admin.clone();
+        async move {
+            let (len, age) = (
+                metric(&admin, "herald_ingress_stream_length").await,
+                metric(&admin, "herald_ingress_oldest_age_seconds").await,
+            );
+            (len >= 1.0 && age >= 2.0).then_some(())
+        }
+    })
+    .await;
+    lock.rollback().await.unwrap();
+    let r = waiting.await.unwrap().unwrap();
+    assert_eq!(r.seq, 1);
+    eventually(Duration::from_secs(10), "the backlog gauges fall back", || {
+        let admin = admin.clone();
+        async move { (metric(&admin, "herald_ingress_stream_length").await == 0.0).then_some(()) }
+    })
+    .await;
+}
+
+/// A MySQL that acknowledges commits before they are on disk is reported at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_may_lose_commits_is_reported() {
+    let db = MariaDb::start().await;
+    let admin = sqlx::MySqlPool::connect(&db.base_url()).await.unwrap();
+    sqlx::query("SET GLOBAL innodb_flush_log_at_trx_commit = 2").execute(&admin).await.unwrap();
+    let mut c = Cluster::new("durability");
+    c.mysql_url = format!("{}/{}", db.base_url(), c.db_name);
+    c.start_worker(&[]).await;
+    let url = c.workers[0].admin_url();
+    eventually(Duration::from_secs(10), "herald_mysql_durable is 0", || {
+        let url = url.clone();
+        async move { metric_present(&url, "herald_mysql_durable 0").await.then_some(()) }
+    })
+    .await;
+    let log = std::fs::read_to_string(c.log_dir.join(format!("{}.log", c.workers[0].name))).unwrap();
+    assert!(log.contains("innodb_flush_log_at_trx_commit is 2"), "the log names the setting");
+}
+
+async fn metric_present(admin: &str, line: &str) -> bool {
+    let text = reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines().any(|l| l == line)
+}
