@@ -27,7 +27,7 @@ LAYERS = {
         [""],
     ],
     "gateway": [
-        ["error", "limits", "listener", "waiters", "epoch", "sessions"],
+        ["error", "limits", "listener", "waiters", "epoch", "sessions", "acks"],
         ["history", "ingress", "devices", "recovery", "watermarks", "notices"],
         ["session"],
         ["state"],

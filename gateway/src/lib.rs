@@ -4,7 +4,8 @@
 //! # Layout (lower modules never import higher ones; docs/architecture.md)
 //! - Leaves: [`error`] (the API error), [`limits`] (rate and connection limits),
 //!   [`listener`] (the public listener), [`waiters`] (requests awaiting answers),
-//!   [`epoch`] (the Redis epoch), [`sessions`] (the directory of sessions here).
+//!   [`epoch`] (the Redis epoch), [`sessions`] (the directory of sessions here),
+//!   [`acks`] (acks left over by ended sessions, retried).
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
 //!   streams), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
 //!   [`watermarks`] (their flusher), [`notices`] (the node channel).
@@ -12,6 +13,7 @@
 //! - [`state`]: the services bundled for the handlers; [`api`]: the HTTP handlers and
 //!   the WebSocket upgrade.
 
+pub mod acks;
 pub mod api;
 pub mod devices;
 pub mod epoch;
@@ -91,11 +93,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let process = Process::new();
     let directory = Arc::new(SessionRegistry::default());
     let (marks, flusher) = watermarks::channel(db.clone());
+    let (leftover_acks, ack_retrier) = acks::channel(redis.clone());
     let history = History {
         db: db.clone(),
         redis: redis.clone(),
         keys: keys.clone(),
         page_bytes: cfg.gateway.history_page_bytes,
+        settle_ms: cfg.delivery.sync_settle_ms,
     };
     let g = &cfg.gateway;
     let ingress = Ingress {
@@ -122,6 +126,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             watermark_margin_ms: g.watermark_margin_ms,
         },
         marks,
+        leftover_acks,
         epoch: epoch.clone(),
         directory: directory.clone(),
         limits: limits.clone(),
@@ -139,6 +144,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     }));
 
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
+    process.spawn_supervised("ack_retrier", Criticality::Background, move |c| ack_retrier.clone().run(c));
     let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone() };
     process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
     let health = Health { redis: redis.clone(), db, keys, epoch, limits, ready: process.readiness().clone() };
@@ -190,6 +196,9 @@ impl Health {
             }
             rounds += 1;
             let db_ok = herald_shared::db::migrations_applied(&self.db).await;
+            if let Err(e) = epoch::check_master(&self.redis, &self.keys).await {
+                tracing::debug!(error = %e, "Redis master not checked");
+            }
             let epoch = epoch::current_epoch(&self.redis, &self.keys.epoch()).await;
             if let Ok(epoch) = &epoch {
                 self.epoch.update(epoch);

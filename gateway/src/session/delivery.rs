@@ -14,6 +14,9 @@ use tokio::time::Instant;
 
 use super::backlog::PageRequest;
 use super::{End, Flow, Session, SessionError};
+
+/// How soon a failed ack removal is tried again.
+const ACK_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 use crate::recovery::Band;
 use crate::sessions::Push;
 
@@ -213,14 +216,24 @@ where
     }
 
     /// Removes the acked ids from the pending set; this is the only way they leave it.
+    /// A removal that fails is kept and tried again, never forgotten.
     pub(super) async fn flush_acks(&mut self) -> Result<(), fred::error::Error> {
-        if self.acks.is_empty() {
-            self.acks.take();
+        let ids = self.acks.take();
+        if ids.is_empty() {
             return Ok(());
         }
-        let members: Vec<String> = self.acks.take().into_iter().map(MsgId::member).collect();
-        let _: i64 = self.env.redis.next().zrem(&self.pending_key, members).await?;
+        let members: Vec<String> = ids.iter().map(|i| i.member()).collect();
+        if let Err(e) = self.env.redis.next().zrem::<i64, _, _>(&self.pending_key, members).await {
+            self.acks.restore(ids, Instant::now() + ACK_RETRY);
+            return Err(e);
+        }
         Ok(())
+    }
+
+    /// The acks still unrecorded when the session ends: the node retries them.
+    pub(super) fn leave_acks(&mut self) {
+        let ids = self.acks.take();
+        self.env.leftover_acks.keep(self.pending_key.clone(), ids);
     }
 
     async fn finish_backlog(&mut self) {

@@ -96,12 +96,19 @@ impl AckBatch {
         self.due
     }
 
+    /// A removal that failed: its ids are kept and tried again at `due`.
+    pub fn restore(&mut self, ids: Vec<MsgId>, due: Instant) {
+        self.ids.extend(ids);
+        self.due = Some(self.due.map_or(due, |d| d.min(due)));
+    }
+
     /// Everything batched, for one removal.
     pub fn take(&mut self) -> Vec<MsgId> {
         self.due = None;
         std::mem::take(&mut self.ids)
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
@@ -228,6 +235,12 @@ mod tests {
         assert_eq!(b.take(), vec![MsgId(1), MsgId(2), MsgId(3)]);
         assert!(b.is_empty() && b.due().is_none());
         assert!(b.add((0..ACK_BATCH as u64).map(MsgId), Instant::now()), "a full batch flushes at once");
+        let ids = b.take();
+        let later = Instant::now() + ms(1_000);
+        b.restore(ids, later);
+        assert_eq!((b.take().len(), b.due()), (ACK_BATCH, None), "a failed removal is kept, not forgotten");
+        b.restore(vec![MsgId(1)], later);
+        assert_eq!(b.due(), Some(later));
     }
 
     #[tokio::test(start_paused = true)]

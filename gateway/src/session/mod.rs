@@ -49,6 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::acks::LeftoverAcks;
 use crate::epoch::{EpochSeen, EpochWatch};
 use crate::history::History;
 use crate::ingress::Ingress;
@@ -74,6 +75,8 @@ pub struct SessionEnv {
     pub ingress: Ingress,
     pub recovery: Recovery,
     pub marks: Marks,
+    /// Acks a session could not record before it ended.
+    pub leftover_acks: LeftoverAcks,
     pub epoch: EpochWatch,
     pub directory: Arc<SessionRegistry>,
     pub limits: Arc<NodeLimits>,
@@ -196,7 +199,8 @@ where
         }
         directory.unregister(&self.device, &self.id);
         if let Err(e) = self.flush_acks().await {
-            tracing::warn!(error = %e, "final acks could not be recorded; those messages will be pushed again");
+            tracing::warn!(error = %e, "final acks could not be recorded yet; the node retries them");
+            self.leave_acks();
         }
         self.report_watermark().await;
         self.presence.clear(self.env.redis.next()).await;

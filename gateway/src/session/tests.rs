@@ -114,10 +114,17 @@ async fn fixture(device: &str) -> Fixture {
         Claims { tid: "t".into(), sub: "u".into(), dev: device.into(), plat: Platform::Desktop, exp: u64::MAX };
     let _: i64 = redis.hset(keys.devices("t", "u"), (epoch_marker(device), epoch.as_str())).await.unwrap();
     let (marks, _flusher) = crate::watermarks::channel(db.clone());
+    let (leftover_acks, _retrier) = crate::acks::channel(pool.clone());
     let env = SessionEnv {
         redis: pool.clone(),
         keys: keys.clone(),
-        history: History { db: db.clone(), redis: pool.clone(), keys: keys.clone(), page_bytes: 1 << 20 },
+        history: History {
+            db: db.clone(),
+            redis: pool.clone(),
+            keys: keys.clone(),
+            page_bytes: 1 << 20,
+            settle_ms: 5_000,
+        },
         ingress: Ingress {
             redis: pool.clone(),
             keys: keys.clone(),
@@ -129,6 +136,7 @@ async fn fixture(device: &str) -> Fixture {
         },
         recovery: Recovery { db, redis: pool.clone(), keys: keys.clone(), watermark_margin_ms: 1 },
         marks,
+        leftover_acks,
         epoch: EpochWatch::new(epoch),
         directory: Arc::new(SessionRegistry::default()),
         limits: Arc::new(crate::limits::NodeLimits::new(&cfg.gateway)),
