@@ -137,6 +137,12 @@ impl Keys {
         format!("{}:m:{id}", self.prefix)
     }
 
+    /// STRING set once outbox event `event`'s fan-out finished (kept for the outbox's
+    /// retry window): a redo of a finished fan-out is skipped.
+    pub fn fanned_out(&self, event: u64) -> String {
+        format!("{}:fo:{event}", self.prefix)
+    }
+
     pub fn ingress(&self, shard: u32) -> String {
         format!("{}:ingress:{{{shard}}}", self.prefix)
     }
@@ -157,6 +163,11 @@ impl Keys {
 
     pub fn epoch(&self) -> String {
         format!("{}:epoch", self.prefix)
+    }
+
+    /// The replication id of the Redis master last seen (a promotion changes it).
+    pub fn replid(&self) -> String {
+        format!("{}:replid", self.prefix)
     }
 }
 

@@ -38,14 +38,34 @@ pub struct Fanout {
     keys: Keys,
     message_ttl_s: i64,
     pending_cap: u64,
+    /// How long a finished fan-out is remembered: the outbox's whole retry window.
+    done_ttl_ms: u64,
 }
 
 /// Pending-set additions for one user: device -> messages.
 type UserPlan = BTreeMap<String, Vec<MsgId>>;
 
 impl Fanout {
-    pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64) -> Self {
-        Fanout { db, redis, keys, message_ttl_s: message_ttl_s as i64, pending_cap }
+    pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64, done_ttl_ms: u64) -> Self {
+        Fanout { db, redis, keys, message_ttl_s: message_ttl_s as i64, pending_cap, done_ttl_ms }
+    }
+
+    /// Remembers that the fan-out of outbox event `event` finished, so a redo (the
+    /// worker died before marking it SENT, a SENDING claim went stale) does not put back
+    /// pending entries its devices already acked. Best effort: forgetting it costs a
+    /// repeat, never a loss.
+    pub async fn remember_done(&self, event: u64) {
+        let key = self.keys.fanned_out(event);
+        let expiry = Some(Expiration::PX(self.done_ttl_ms as i64));
+        if let Err(e) = self.redis.next().set::<(), _, _>(key, 1, expiry, None, false).await {
+            tracing::debug!(event, error = %e, "finished fan-out not remembered");
+        }
+    }
+
+    /// Whether the fan-out of `event` is known to have finished.
+    pub async fn is_done(&self, event: u64) -> Result<bool, fred::error::Error> {
+        let n: i64 = self.redis.next().exists(self.keys.fanned_out(event)).await?;
+        Ok(n == 1)
     }
 
     /// Reads committed messages back from MySQL (for the outbox dispatcher).

@@ -359,6 +359,7 @@ impl IngressShard {
             let Some(outbox_id) = result.outbox_id else { continue };
             match s.fanout.deliver_to(&result.committed, &result.recipients).await {
                 Ok(()) => {
+                    s.fanout.remember_done(outbox_id).await;
                     if s.sent_marks.try_send(outbox_id).is_err() {
                         tracing::debug!(
                             outbox = outbox_id,

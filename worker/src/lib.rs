@@ -84,6 +84,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         keys.clone(),
         cfg.worker.message_ttl_s,
         cfg.delivery.pending_cap,
+        cfg.outbox.retry_window_ms(),
     ));
     let outbox = Arc::new(Outbox::new(db.clone(), cfg.outbox.clone()));
     // Sized for a few seconds of batches; when full, events stay PENDING for the dispatcher.
@@ -96,7 +97,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         ttl_ms: cfg.worker.read_state_ttl_s * 1000,
     };
     let shared = Arc::new(WorkerContext {
-        commit: CommitPipeline::new(db.clone(), cfg.outbox.first_retry_delay_ms),
+        commit: CommitPipeline::new(db.clone(), cfg.outbox.first_retry_delay_ms, cfg.delivery.sync_settle_ms),
         cfg,
         db,
         redis,

@@ -277,12 +277,22 @@ impl OutboxDispatcher {
             let claimed = self.outbox.claim().await?;
             let full = claimed.len() as u32 >= self.outbox.cfg.claim_batch;
             for (id, failures, payload) in claimed {
+                // A fan-out that finished (its SENT mark was lost) is not done again: its
+                // devices may have acked since, and acked ids never come back.
+                if self.fanout.is_done(id).await.unwrap_or(false) {
+                    metrics::counter!("herald_outbox_redo_skipped_total").increment(1);
+                    self.outbox.mark_sent(&[id]).await?;
+                    continue;
+                }
                 let result = match self.fanout.load(&payload.ids).await {
                     Ok(msgs) => self.fanout.deliver(&msgs).await.map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 };
                 match result {
-                    Ok(()) => self.outbox.mark_sent(&[id]).await?,
+                    Ok(()) => {
+                        self.fanout.remember_done(id).await;
+                        self.outbox.mark_sent(&[id]).await?
+                    }
                     Err(e) => self.outbox.mark_failed(id, failures, &e).await?,
                 }
             }
