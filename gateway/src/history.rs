@@ -25,6 +25,8 @@ pub struct History {
     pub keys: Keys,
     /// Most bytes of bodies in one page (`gateway.history_page_bytes`).
     pub page_bytes: usize,
+    /// Device sync returns only messages this old (`delivery.sync_settle_ms`).
+    pub settle_ms: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -101,16 +103,20 @@ impl History {
         Ok(page)
     }
 
-    /// Every message of every conversation of the user with id > `after`, in id order.
+    /// Every message of every conversation of the user with id > `after`, in id order,
+    /// as far as ids are settled: up to `settle_ms` ago, so that no message can still
+    /// commit below an id returned (`more` says whether settled ones remain).
     pub async fn device_sync(&self, tenant: &str, user: &str, after: MsgId, limit: u32) -> ApiResult<Page> {
+        let settled = MsgId::lowest_at(herald_shared::ids::now_ms().saturating_sub(self.settle_ms));
         let rows = sqlx::query(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
-             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.seq > m.joined_seq \
+             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.id < ? AND msg.seq > m.joined_seq \
              AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) ORDER BY msg.id LIMIT ?"
         ))
         .bind(tenant)
         .bind(user)
         .bind(after.0)
+        .bind(settled.0)
         .bind(limit + 1)
         .fetch_all(&self.db)
         .await?;

@@ -49,6 +49,9 @@ pub enum CommitError {
     /// Another worker took the shard since this one's lease: it must stop.
     #[error("shard {0} was taken over (fencing token moved on)")]
     Fenced(u32),
+    /// The batch's ids grew too old before COMMIT; run it again with new ones.
+    #[error("ids drawn {0} ms before commit; drawing new ones")]
+    StaleIds(u64),
 }
 
 /// What to do about a failed commit.
@@ -71,6 +74,7 @@ impl CommitError {
         match self {
             CommitError::Fenced(_) => Failure::Fenced,
             CommitError::NoIds(_) => Failure::Transient,
+            CommitError::StaleIds(_) => Failure::Conflict,
             CommitError::Db(sqlx::Error::Database(e)) => {
                 let number = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().map(|m| m.number());
                 let state = e.code().unwrap_or_default();
@@ -126,6 +130,10 @@ impl BatchResult {
 pub struct CommitPipeline {
     db: MySqlPool,
     first_retry_delay_ms: u64,
+    /// Ids older than this may not be committed any more (`delivery.sync_settle_ms`
+    /// halved): device sync returns ids once they are older than the settle time, so a
+    /// later commit below them would be skipped.
+    max_id_age_ms: u64,
 }
 
 struct ConvState {
@@ -141,8 +149,8 @@ struct ConvState {
 }
 
 impl CommitPipeline {
-    pub fn new(db: MySqlPool, first_retry_delay_ms: u64) -> Self {
-        CommitPipeline { db, first_retry_delay_ms }
+    pub fn new(db: MySqlPool, first_retry_delay_ms: u64, sync_settle_ms: u64) -> Self {
+        CommitPipeline { db, first_retry_delay_ms, max_id_age_ms: sync_settle_ms / 2 }
     }
 
     pub async fn commit(
@@ -364,6 +372,17 @@ impl CommitPipeline {
             .execute(&mut *tx)
             .await?;
             result.outbox_id = Some(res.last_insert_id());
+        }
+        // The batch's ids were drawn before its statements ran; if they took so long
+        // (a lock wait, a stall) that a device sync may already have passed those ids,
+        // the batch runs again with new ones.
+        if let Some(oldest) = planned.iter().map(|p| p.3).min() {
+            let age = now_ms().saturating_sub(oldest.unix_ms());
+            if age > self.max_id_age_ms {
+                tx.rollback().await?;
+                metrics::counter!("herald_batches_redrawn_total").increment(1);
+                return Err(CommitError::StaleIds(age));
+            }
         }
         tx.commit().await?;
 

@@ -9,10 +9,16 @@ section! {
     {
         /// Largest pending set per device; past it the oldest entries are dropped.
         ///
-        /// The worker then marks the device for a rebuild from MySQL, and the gateway's
-        /// rebuild restores at most this many entries. Formerly `worker.pending_cap`, still
-        /// accepted as a deprecated alias.
+        /// What is dropped joins the device's overflow band, read from MySQL before the
+        /// set when the device catches up. Formerly `worker.pending_cap`, still accepted
+        /// as a deprecated alias.
         pub pending_cap: u64 = "10000",
+        /// Device sync (`GET /v1/sync`) returns messages at least this old, by their id's time.
+        ///
+        /// Ids are drawn before COMMIT, so a younger message could still commit below
+        /// an id already returned; the worker redraws ids of a batch not committed within
+        /// half of this. Newer messages come by push or the next sync.
+        pub sync_settle_ms: u64 = "5000",
     }
 }
 
@@ -20,6 +26,9 @@ impl DeliveryConfig {
     pub(super) fn validate(&self, bad: &mut Problems) {
         if self.pending_cap == 0 {
             bad.push("delivery.pending_cap", "must be positive");
+        }
+        if !(200..=600_000).contains(&self.sync_settle_ms) {
+            bad.push("delivery.sync_settle_ms", "must be 200..=600000");
         }
     }
 }
