@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
 
 /// Reads the epoch, starting a new one when Redis has none (it lost its data).
 pub async fn current_epoch(redis: &Pool, key: &str) -> Result<String, Error> {
@@ -21,6 +22,31 @@ pub async fn current_epoch(redis: &Pool, key: &str) -> Result<String, Error> {
     }
     let epoch: Option<String> = redis.get(key).await?;
     Ok(epoch.unwrap_or(fresh))
+}
+
+/// Starts a new epoch when the Redis master behind the configured address is not the
+/// one seen before (a replica promoted after a failover lacks the writes it had not
+/// received yet). A standalone Redis only: a cluster's masters each have their own.
+pub async fn check_master(redis: &Pool, keys: &herald_shared::keys::Keys) -> Result<(), Error> {
+    let client = redis.next();
+    if client.is_clustered() {
+        return Ok(());
+    }
+    let info: String =
+        client.custom(CustomCommand::new_static("INFO", ClusterHash::Random, false), vec!["replication"]).await?;
+    let is_master = info.lines().any(|l| l.trim() == "role:master");
+    let Some(replid) = info.lines().find_map(|l| l.trim().strip_prefix("master_replid:")).filter(|_| is_master) else {
+        return Ok(());
+    };
+    let fresh = format!("{:016x}", rand::random::<u64>());
+    let began: i64 = herald_shared::scripts::REPLID_CHECK
+        .call(client, vec![keys.replid(), keys.epoch()], vec![replid.to_owned(), fresh.clone()])
+        .await?;
+    if began == 1 {
+        tracing::warn!(epoch = %fresh, replid, "the Redis master changed (a promoted replica?); pending sets will be read again from MySQL");
+        metrics::counter!("herald_redis_epochs_total").increment(1);
+    }
+    Ok(())
 }
 
 /// The node's view of the epoch, shared by its sessions.

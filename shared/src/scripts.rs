@@ -79,6 +79,8 @@ scripts! {
     OVERFLOW_WIDEN = "overflow_widen";
     /// Moves a device's overflow band up as the device catches up, or removes it.
     OVERFLOW_ADVANCE = "overflow_advance";
+    /// Starts a new epoch when the master's replication id changed (a promoted replica).
+    REPLID_CHECK = "replid_check";
     /// Renews a lease held by this token.
     LEASE_RENEW = "lease_renew";
     /// Releases a lease held by this token.
@@ -98,6 +100,6 @@ mod tests {
             assert!(s.source().contains("-- Returns:"), "{} does not state what it returns", s.name());
             assert!(hashes.insert(s.script().sha1().to_string()), "{}", s.name());
         }
-        assert_eq!(ALL.len(), 12);
+        assert_eq!(ALL.len(), 13);
     }
 }
