@@ -218,3 +218,49 @@ async fn forward(mut inbound: TcpStream, upstream: SocketAddr, mut cut: watch::R
 async fn hold(_sockets: &[&TcpStream]) {
     std::future::pending::<()>().await
 }
+
+/// A TCP proxy whose upstream can be switched, standing for the address clients use for
+/// Redis (a DNS name or a virtual IP): after a failover it leads to the promoted
+/// replica. New connections go to the upstream of the moment; open ones stay where they
+/// are until that end closes them.
+pub struct SwitchProxy {
+    pub addr: SocketAddr,
+    upstream: std::sync::Arc<std::sync::Mutex<SocketAddr>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SwitchProxy {
+    pub async fn start(upstream: SocketAddr) -> SwitchProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy binds");
+        let addr = listener.local_addr().expect("proxy address");
+        let upstream = std::sync::Arc::new(std::sync::Mutex::new(upstream));
+        let current = upstream.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                while conns.try_join_next().is_some() {}
+                let to = *current.lock().unwrap();
+                conns.spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(to).await else { return };
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+            }
+        });
+        SwitchProxy { addr, upstream, task }
+    }
+
+    /// `redis://ADDR/0`, for Herald.
+    pub fn redis_url(&self) -> String {
+        format!("redis://{}/0", self.addr)
+    }
+
+    pub fn switch(&self, to: SocketAddr) {
+        *self.upstream.lock().unwrap() = to;
+    }
+}
+
+impl Drop for SwitchProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -40,11 +40,23 @@ pub fn spawn_redis_server(port: u16, extra: &[&str]) -> std::process::Child {
 pub struct RedisServer {
     pub port: u16,
     child: Option<std::process::Child>,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     pub async fn start() -> RedisServer {
-        let mut r = RedisServer { port: free_port(), child: None };
+        Self::start_with(&[]).await
+    }
+
+    /// A replica of the master on loopback `port` (asynchronous replication, as Redis
+    /// always does it).
+    pub async fn replica_of(port: u16) -> RedisServer {
+        Self::start_with(&["--replicaof", "127.0.0.1", &port.to_string()]).await
+    }
+
+    async fn start_with(extra: &[&str]) -> RedisServer {
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        let mut r = RedisServer { port: free_port(), child: None, extra };
         r.restart().await;
         r
     }
@@ -56,7 +68,8 @@ impl RedisServer {
     /// Starts it (again) on the same port, empty: no persistence. (The port is below the
     /// ephemeral range, so no outgoing connection can hold it meanwhile.)
     pub async fn restart(&mut self) {
-        self.child = Some(spawn_redis_server(self.port, &[]));
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.child = Some(spawn_redis_server(self.port, &extra));
         let port = self.port;
         eventually(Duration::from_secs(10), "private redis answers", || async move {
             tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use herald_tests::drill::{metric, Drill, Traffic};
-use herald_tests::faults::{self, MariaDb, TcpProxy};
+use herald_tests::faults::{self, MariaDb, SwitchProxy, TcpProxy};
 use herald_tests::{Cluster, RedisServer};
 
 /// Generous for a loaded 2-core CI machine that runs two drills at once; measured
@@ -153,6 +153,58 @@ async fn redis_paused_longer_than_ack_timeout() {
     d.catch_up(CATCH_UP_BOUND).await;
     d.traffic(Duration::from_secs(2)).await;
     d.finish().await.assert_clean();
+}
+
+/// Redis fails over to a replica that had not received the master's last writes: the
+/// replication link is cut (the writes stay behind it), the master SIGKILLed, the
+/// replica promoted (`REPLICAOF NO ONE`) and Herald's Redis address switched to it. The
+/// promoted replica keeps the epoch and the device markers but lacks the last pending
+/// entries; Herald notices the new master (its replication id) and reads every pending
+/// set again from MySQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_failover_to_a_lagging_replica() {
+    let mut master = RedisServer::start().await;
+    let link = TcpProxy::start(([127, 0, 0, 1], master.port).into()).await;
+    let replica = RedisServer::replica_of(link.addr.port()).await;
+    let proxy = SwitchProxy::start(([127, 0, 0, 1], master.port).into()).await;
+    let mut c = cluster("drill-failover", Some(proxy.redis_url()));
+    start(&mut c, 1, 2).await;
+    // An offline device: what reaches it during the fault waits in its pending set.
+    let sender = c.client(0, "olga", "o1");
+    sender.create_conversation(Some("away"), "direct", &["olga", "otto"]).await.unwrap();
+    let otto = herald_tests::AutoDevice::connect(&c.gateways[1].base_url(), &c.token("otto", "o1"), "otto", "o1").await;
+    otto.stop().await;
+    let mut d = traffic("redis_failover_to_a_lagging_replica", &c).await;
+    d.traffic(Duration::from_secs(3)).await;
+    let epochs_before = sum_metric(&admin_urls(&c), "herald_redis_epochs_total").await;
+    d.note("replication link cut: the master's writes stop reaching the replica");
+    link.cut();
+    let mut for_otto = std::collections::BTreeSet::new();
+    for k in 0..20 {
+        let r = sender.send_until_committed(&format!("away{k}"), "away", &serde_json::json!(k), 20).await.unwrap();
+        for_otto.insert(r.id.0);
+    }
+    d.traffic(Duration::from_secs(1)).await;
+    d.note("master SIGKILLed; the replica is promoted and takes the address");
+    master.kill();
+    let promoted = std::process::Command::new("redis-cli")
+        .args(["-p", &replica.port.to_string(), "REPLICAOF", "NO", "ONE"])
+        .output()
+        .expect("redis-cli runs");
+    assert!(promoted.status.success(), "{promoted:?}");
+    proxy.switch(([127, 0, 0, 1], replica.port).into());
+    d.catch_up(CATCH_UP_BOUND).await;
+    d.traffic(Duration::from_secs(2)).await;
+    d.finish().await.assert_clean();
+    // The offline device comes back: everything sent to it during the fault arrives.
+    let otto = herald_tests::AutoDevice::connect(&c.gateways[0].base_url(), &c.token("otto", "o1"), "otto", "o1").await;
+    herald_tests::eventually(Duration::from_secs(20), "every message sent to the offline device", || async {
+        for_otto.is_subset(&otto.ids()).then_some(())
+    })
+    .await;
+    otto.stop().await;
+    let epochs = sum_metric(&admin_urls(&c), "herald_redis_epochs_total").await;
+    assert!(epochs > epochs_before, "a gateway began a new epoch for the promoted replica");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
