@@ -122,3 +122,30 @@ async fn metric_present(admin: &str, line: &str) -> bool {
     let text = reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap();
     text.lines().any(|l| l == line)
 }
+
+/// A worker whose shard was taken over (here: the shard's fencing token bumped behind
+/// its back, as a new owner does) commits nothing more with its old token: its commit
+/// is refused, it gives the shard up, takes it again with a new token and commits the
+/// waiting send once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_shard_was_taken_over_commits_nothing_with_its_old_token() {
+    let mut c = Cluster::new("fencing");
+    c.set("HERALD_INGRESS__SHARDS", "1").set("HERALD_WORKER__LEASE_TTL_MS", "1500");
+    c.set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "30000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    assert_eq!(alice.send("m1", "ab", &json!(1)).await.unwrap().seq, 1);
+    let db = c.db().await;
+    let token: u64 = sqlx::query_scalar("SELECT token FROM shard_fences WHERE shard = 0").fetch_one(&db).await.unwrap();
+    sqlx::query("UPDATE shard_fences SET token = token + 1 WHERE shard = 0").execute(&db).await.unwrap();
+    let r = alice.send("m2", "ab", &json!(2)).await.unwrap();
+    assert_eq!((r.seq, r.dup), (2, false), "committed once, after the worker took the shard again");
+    let now: u64 = sqlx::query_scalar("SELECT token FROM shard_fences WHERE shard = 0").fetch_one(&db).await.unwrap();
+    assert_eq!(now, token + 2, "the worker took a new token");
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
+    assert_eq!(n, 2);
+    let log = std::fs::read_to_string(c.log_dir.join(format!("{}.log", c.workers[0].name))).unwrap();
+    assert!(log.contains("shard taken over by another worker; stopping"), "the old token's commit was refused");
+}
