@@ -16,4 +16,4 @@ log "building"
 cargo build --workspace --bins
 log "testing"
 # Integration tests start several processes each; two at a time suit a 2-core machine.
-cargo test --workspace -- --test-threads "${TEST_THREADS:-2}"
+cargo test --workspace --no-fail-fast -- --test-threads "${TEST_THREADS:-2}"

@@ -240,6 +240,8 @@ async fn websocket_refusals_and_protocol_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_and_sync_read_the_database_within_membership() {
     let mut c = Cluster::new("history");
+    // Device sync returns settled messages only (docs/protocol.md section 2.9).
+    c.set("HERALD_DELIVERY__SYNC_SETTLE_MS", "200");
     c.start_worker(&[]).await;
     c.start_gateway(&[]).await;
     let alice = c.client(0, "alice", "a1");
@@ -272,6 +274,7 @@ async fn history_and_sync_read_the_database_within_membership() {
     assert_eq!(get("/v1/conversations/h/messages".into(), "bob").await.status(), 403);
     assert_eq!(get("/v1/conversations/zzz/messages".into(), "bob").await.status(), 404);
 
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let sync: serde_json::Value =
         get(format!("/v1/sync?after={}&limit=100", ids[0]), "bob").await.json().await.unwrap();
     let got: Vec<String> =
