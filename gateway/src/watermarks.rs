@@ -92,7 +92,10 @@ impl WatermarkFlusher {
             });
             q.push(" ON DUPLICATE KEY UPDATE watermark = GREATEST(watermark, VALUES(watermark)), last_seen_at = VALUES(last_seen_at)");
             match q.build().execute(&self.db).await {
-                Ok(_) => metrics::counter!("herald_watermark_flushes_total").increment(1),
+                Ok(_) => {
+                    metrics::counter!("herald_watermark_flushes_total").increment(1);
+                    metrics::counter!("herald_watermark_rows_total").increment(chunk.len() as u64);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, devices = chunk.len(), "watermark flush failed; sessions report again")
                 }

@@ -183,10 +183,13 @@ async fn stale_sending_events_are_reclaimed() {
     })
     .await;
 
-    // Simulate a dispatcher that claimed the event just now and died; Redis lost the set.
+    // Simulate a dispatcher that claimed the event just now and died before finishing;
+    // Redis lost the set, and with it the mark of the first fan-out having finished
+    // (a finished fan-out is not redone: acked ids never come back).
     let redis = c.redis().await;
     let keys = c.keys();
-    let _: i64 = fred::prelude::KeysInterface::del(&redis, keys.pending(TENANT, "bob", "b1")).await.unwrap();
+    let gone = vec![keys.pending(TENANT, "bob", "b1"), keys.fanned_out(event)];
+    let _: i64 = fred::prelude::KeysInterface::del(&redis, gone).await.unwrap();
     let claimed = herald_shared::ids::now_ms() as i64;
     sqlx::query("UPDATE outbox_events SET status = 'SENDING', claimed_at = ? WHERE id = ?")
         .bind(claimed)

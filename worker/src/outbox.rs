@@ -137,14 +137,24 @@ impl Outbox {
         Ok(claimed)
     }
 
-    async fn purge(&self) -> Result<u64, sqlx::Error> {
+    /// Deletes SENT rows older than the retention, `purge_batch` at a time (short locks)
+    /// until none is left or `budget` is spent: it keeps up with the rate rows are created.
+    async fn purge(&self, budget: Duration) -> Result<u64, sqlx::Error> {
         let cutoff = now_ms() as i64 - (self.cfg.sent_retention_s * 1000) as i64;
-        let r = sqlx::query("DELETE FROM outbox_events WHERE status = 'SENT' AND updated_at < ? LIMIT ?")
-            .bind(cutoff)
-            .bind(self.cfg.purge_batch)
-            .execute(&self.db)
-            .await?;
-        Ok(r.rows_affected())
+        let started = std::time::Instant::now();
+        let mut purged = 0;
+        loop {
+            let r = sqlx::query("DELETE FROM outbox_events WHERE status = 'SENT' AND updated_at < ? LIMIT ?")
+                .bind(cutoff)
+                .bind(self.cfg.purge_batch)
+                .execute(&self.db)
+                .await?;
+            purged += r.rows_affected();
+            if r.rows_affected() < u64::from(self.cfg.purge_batch) || started.elapsed() >= budget {
+                metrics::counter!("herald_outbox_purged_total").increment(purged);
+                return Ok(purged);
+            }
+        }
     }
 
     pub async fn list(&self, status: &str, limit: u32) -> Result<Vec<OutboxEvent>, sqlx::Error> {
@@ -207,11 +217,9 @@ impl Outbox {
         Ok(oldest.map_or(0.0, |t| (now_ms() as i64 - t).max(0) as f64 / 1000.0))
     }
 
-    /// Rows by status, for the metrics gauge.
-    pub async fn counts(&self) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        let rows =
-            sqlx::query("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetch_all(&self.db).await?;
-        rows.iter().map(|r| Ok((r.text(0)?, r.try_get(1)?))).collect()
+    /// Rows of one status, for the metrics gauge: an index range, not a table scan.
+    pub async fn count(&self, status: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT COUNT(*) FROM outbox_events WHERE status = ?").bind(status).fetch_one(&self.db).await
     }
 }
 
@@ -253,18 +261,18 @@ impl OutboxDispatcher {
                 tracing::warn!(error = %e, "outbox dispatcher round failed");
             }
             rounds += 1;
+            // Every round: the purge must keep up with batches, not fall behind them.
+            match self.outbox.purge(self.fixed_delay / 2).await {
+                Ok(n) if n > 0 => tracing::debug!(purged = n, "old SENT outbox rows purged"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "outbox purge failed"),
+            }
             if rounds.is_multiple_of(10) {
-                match self.outbox.purge().await {
-                    Ok(n) if n > 0 => tracing::debug!(purged = n, "old SENT outbox rows purged"),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "outbox purge failed"),
-                }
                 if let Ok(age) = self.outbox.oldest_unfinished_age_s().await {
                     metrics::gauge!("herald_outbox_oldest_unfinished_seconds").set(age);
                 }
-                if let Ok(counts) = self.outbox.counts().await {
-                    for status in ["PENDING", "SENDING", "SENT", "FAILED", "DEAD"] {
-                        let n = counts.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n);
+                for status in ["PENDING", "SENDING", "SENT", "FAILED", "DEAD"] {
+                    if let Ok(n) = self.outbox.count(status).await {
                         metrics::gauge!("herald_outbox_rows", "status" => status).set(n as f64);
                     }
                 }

@@ -124,6 +124,8 @@ pub struct Session<S> {
     /// The Redis epoch this session's pending set was checked against.
     epoch: EpochSeen,
     last_mark: Instant,
+    /// The watermark last reported: an unchanged one is not written again.
+    reported_watermark: Option<herald_shared::ids::MsgId>,
     strikes: Strikes,
     /// Read positions written but not yet confirmed by a pong: (field, seq).
     unconfirmed_reads: Vec<(String, u64)>,
@@ -170,6 +172,7 @@ where
             epoch: EpochSeen::new(&env.epoch),
             acks: AckBatch::default(),
             last_mark: now,
+            reported_watermark: None,
             strikes: Strikes::default(),
             unconfirmed_reads: Vec::new(),
             requests: JoinSet::new(),

@@ -73,10 +73,15 @@ where
         }
     }
 
-    /// Reports W for the MySQL flush (only while the pending set is trusted).
+    /// Reports W for the MySQL flush when it moved (only while the pending set is
+    /// trusted): an idle device costs no write until its W has something to say.
     pub(super) async fn report_watermark(&mut self) {
         self.last_mark = Instant::now();
         if let Ok(Some(watermark)) = self.env.recovery.watermark(&self.device, &self.epoch.epoch).await {
+            if self.reported_watermark == Some(watermark) {
+                return;
+            }
+            self.reported_watermark = Some(watermark);
             let platform = self.claims.plat.as_str();
             self.env.marks.report(Mark { device: self.device.clone(), platform, watermark });
         }

@@ -19,6 +19,11 @@ section! {
         /// an id already returned; the worker redraws ids of a batch not committed within
         /// half of this. Newer messages come by push or the next sync.
         pub sync_settle_ms: u64 = "5000",
+        /// Devices unseen this long stop being fan-out targets and their Redis state is freed (30 days).
+        ///
+        /// A device that comes back is live again and catches up from its watermark
+        /// (read from MySQL), so nothing is lost; only abandoned devices stop costing.
+        pub device_ttl_s: u64 = "2592000",
     }
 }
 
@@ -26,6 +31,9 @@ impl DeliveryConfig {
     pub(super) fn validate(&self, bad: &mut Problems) {
         if self.pending_cap == 0 {
             bad.push("delivery.pending_cap", "must be positive");
+        }
+        if self.device_ttl_s < 60 {
+            bad.push("delivery.device_ttl_s", "must be at least 60");
         }
         if !(200..=600_000).contains(&self.sync_settle_ms) {
             bad.push("delivery.sync_settle_ms", "must be 200..=600000");

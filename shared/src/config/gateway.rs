@@ -44,8 +44,11 @@ section! {
         /// It must cover commit latency, clock skew and the outbox's whole retry schedule
         /// (checked at start), or a rebuild after Redis data loss could miss a message.
         pub watermark_margin_ms: u64 = "1800000",
-        /// How often a session reports its watermark (flushed to MySQL in batches).
-        pub watermark_flush_ms: u64 = "5000",
+        /// At most this often a session reports its watermark, and only when it moved (5 minutes).
+        ///
+        /// Reports are flushed to MySQL in batches with the device's `last_seen_at`, so an
+        /// idle session costs a row write every few minutes, not every few seconds.
+        pub watermark_flush_ms: u64 = "300000",
         /// Backlog messages per second per desktop, web or server device.
         pub backlog_rate_desktop: u32 = "4000",
         /// Backlog messages per second per mobile device.
@@ -79,6 +82,10 @@ section! {
         ///
         /// Its slots are freed; what it had not acked stays pending for its next session.
         pub write_timeout_ms: u64 = "10000",
+        /// Time an HTTP request has to arrive whole and be answered; past it, `bad_request`.
+        ///
+        /// Bounds a client that sends its head and then trickles (or never sends) the body.
+        pub request_timeout_ms: u64 = "60000",
         /// Most bytes of message bodies in one history page (a `history` frame or an HTTP page).
         ///
         /// A page ends before it would pass this (it always holds at least one message);
@@ -134,6 +141,9 @@ impl GatewayConfig {
         }
         if self.max_group_size < 2 {
             bad.push("gateway.max_group_size", "must be at least 2");
+        }
+        if self.request_timeout_ms <= self.send_timeout_ms {
+            bad.push("gateway.request_timeout_ms", "must exceed gateway.send_timeout_ms");
         }
         if !(100..=600_000).contains(&self.write_timeout_ms) {
             bad.push("gateway.write_timeout_ms", "must be 100..=600000");

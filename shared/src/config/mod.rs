@@ -77,6 +77,8 @@ impl fmt::Debug for Secret {
 pub struct Config {
     pub mysql_url: String,
     pub redis_url: String,
+    /// Longest a MySQL statement may run before the server aborts it.
+    pub mysql_statement_timeout_ms: u64,
     /// Prefix of every Redis key and channel; lets clusters (and tests) share a Redis.
     pub redis_key_prefix: String,
     pub jwt_secret: Secret,
@@ -102,6 +104,12 @@ const ROOT_KEYS: &[Key] = &[
         "redis://127.0.0.1:6379/0",
         BOTH,
         "Redis URL; `redis-cluster://h1:p1,h2:p2` for a Redis Cluster.",
+    ),
+    Key::new(
+        "mysql_statement_timeout_ms",
+        "30000",
+        BOTH,
+        "Longest a MySQL statement may run before the server aborts it (a stuck query frees its connection).",
     ),
     Key::new("redis_key_prefix", "hd", BOTH, "Prefix of every Redis key and channel; lets clusters share a Redis."),
     Key::new("jwt_secret", "", BOTH, "HS256 key of client tokens; required, at least 16 bytes."),
@@ -135,6 +143,7 @@ impl Config {
         Config {
             mysql_url: root_default("mysql_url"),
             redis_url: root_default("redis_url"),
+            mysql_statement_timeout_ms: root_default("mysql_statement_timeout_ms"),
             redis_key_prefix: root_default("redis_key_prefix"),
             jwt_secret: root_default("jwt_secret"),
             listen: root_default("listen"),
@@ -170,6 +179,7 @@ impl Config {
         match key {
             "mysql_url" => self.mysql_url = parse(v)?,
             "redis_url" => self.redis_url = parse(v)?,
+            "mysql_statement_timeout_ms" => self.mysql_statement_timeout_ms = parse(v)?,
             "redis_key_prefix" => self.redis_key_prefix = parse(v)?,
             "jwt_secret" => self.jwt_secret = parse(v)?,
             "listen" => self.listen = parse(v)?,
@@ -194,11 +204,14 @@ impl Config {
         if !["redis://", "rediss://", "redis-cluster://"].iter().any(|s| self.redis_url.starts_with(s)) {
             bad.push("redis_url", "must start with redis:// or redis-cluster://");
         }
+        if !(100..=3_600_000).contains(&self.mysql_statement_timeout_ms) {
+            bad.push("mysql_statement_timeout_ms", "must be 100..=3600000");
+        }
         if self.redis_key_prefix.is_empty() || self.redis_key_prefix.contains(['{', '}', ' ']) {
             bad.push("redis_key_prefix", "must be non-empty without braces or spaces");
         }
-        if !crate::auth::is_valid_ident(&self.node_id) || self.node_id.contains(['{', '}']) {
-            bad.push("node_id", "must be 1..64 printable ASCII characters without braces");
+        if !crate::auth::is_valid_ident(&self.node_id) || self.node_id.contains(['{', '}', '|']) {
+            bad.push("node_id", "must be 1..64 printable ASCII characters without braces or `|`");
         }
         self.ingress.validate(&mut bad);
         self.gateway.validate(&mut bad);

@@ -24,8 +24,10 @@ section! {
         pub sending_stale_ms: u64 = "60000",
         /// Rows claimed per dispatcher round.
         pub claim_batch: u32 = "100",
-        /// SENT rows older than this are purged (1 day).
-        pub sent_retention_s: u64 = "86400",
+        /// SENT rows are kept this long for the admin trace, then purged (1 hour).
+        ///
+        /// The purge runs every dispatcher round and keeps up with the rate rows are made.
+        pub sent_retention_s: u64 = "3600",
         /// Rows deleted per purge statement (small, to keep locks short).
         pub purge_batch: u32 = "1000",
     }

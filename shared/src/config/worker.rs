@@ -20,8 +20,11 @@ section! {
         pub lease_ttl_ms: u64 = "6000",
         /// Apply migrations when the worker starts.
         pub migrate_on_start: bool = "true",
-        /// How long the serialized frame of a message is kept in Redis (7 days).
-        pub message_ttl_s: u64 = "604800",
+        /// How long the serialized frame of a message is kept in Redis (5 minutes).
+        ///
+        /// Realtime pushes carry their frame; a backlog page reads frames from Redis and
+        /// rebuilds the rest from MySQL, so this window sizes Redis memory, not delivery.
+        pub message_ttl_s: u64 = "300",
         /// MySQL connections of the worker.
         pub db_pool_size: u32 = "16",
         /// Groups up to this size send `read` frames to every member's devices.
@@ -30,6 +33,12 @@ section! {
         pub read_fanout_max_group: usize = "50",
         /// How long an undelivered read position waits for an offline device (30 days).
         pub read_state_ttl_s: u64 = "2592000",
+        /// Messages older than this many days are deleted; 0 keeps them forever.
+        pub retention_days: u64 = "0",
+        /// Retention of particular tenants, `tenant=days` comma-separated (0 days: forever).
+        pub retention_overrides: String = "",
+        /// Period of the janitor: expired devices, message retention, dead stream consumers.
+        pub janitor_interval_ms: u64 = "60000",
     }
 }
 
@@ -37,11 +46,34 @@ section! {
 pub const MAX_BATCH: usize = 65_535 / 9;
 
 impl WorkerConfig {
+    /// `worker.retention_overrides` as (tenant, days).
+    pub fn retention_by_tenant(&self) -> Result<Vec<(String, u64)>, String> {
+        let mut out = Vec::new();
+        for part in self.retention_overrides.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let parsed = part.split_once('=').and_then(|(t, d)| {
+                let t = t.trim();
+                crate::auth::is_valid_tenant(t).then_some(())?;
+                Some((t.to_owned(), d.trim().parse::<u64>().ok()?))
+            });
+            match parsed {
+                Some(p) => out.push(p),
+                None => return Err(format!("expected tenant=days, comma-separated; got {part:?}")),
+            }
+        }
+        Ok(out)
+    }
+
     pub(super) fn validate(&self, bad: &mut Problems) {
         // A batch's message rows are one INSERT of 9 placeholders each, and MySQL takes
         // at most 65 535 placeholders in one statement.
         if self.batch_max == 0 || self.batch_max > MAX_BATCH {
             bad.push("worker.batch_max", &format!("must be 1..={MAX_BATCH} (MySQL's placeholder limit)"));
+        }
+        if let Err(e) = self.retention_by_tenant() {
+            bad.push("worker.retention_overrides", &e);
+        }
+        if self.janitor_interval_ms < 100 {
+            bad.push("worker.janitor_interval_ms", "must be at least 100");
         }
         if self.batch_max_bytes < 1_024 {
             bad.push("worker.batch_max_bytes", "must be at least 1024");
