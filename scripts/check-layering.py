@@ -17,7 +17,7 @@ LAYERS = {
         ["ids", "error", "redis", "telemetry", "db", "scripts", "process"],
         ["auth"],
         ["keys", "config"],
-        ["protocol"],
+        ["protocol", "device_state"],
         ["ops"],
         [""],
     ],
@@ -43,7 +43,7 @@ LAYERS = {
         [""],
     ],
     "worker": [
-        ["lease", "batch", "projections"],
+        ["lease", "batch", "projections", "janitor"],
         ["commit", "fanout", "reads"],
         ["outbox", "committer"],
         ["context"],

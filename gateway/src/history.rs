@@ -86,6 +86,15 @@ impl History {
             });
         };
         let joined: u64 = member.try_get(0)?;
+        // Retention may have deleted the conversation's oldest messages: the timeline
+        // then starts after what is gone, as if the caller had joined there.
+        let first: Option<u64> =
+            sqlx::query_scalar("SELECT MIN(seq) FROM messages WHERE tenant_id = ? AND conv_id = ?")
+                .bind(tenant)
+                .bind(conv)
+                .fetch_one(&self.db)
+                .await?;
+        let joined = joined.max(first.map_or(0, |f| f.saturating_sub(1)));
         let left: Option<u64> = member.try_get(1)?;
         let rows = sqlx::query(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM messages msg WHERE msg.tenant_id = ? AND msg.conv_id = ? AND msg.seq > ? AND msg.seq <= ? \

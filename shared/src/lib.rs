@@ -6,7 +6,8 @@
 //! - [`config`]: layered, validated configuration.
 //! - [`protocol`]: wire frames and gateway/worker messages.
 //! - [`error`]: the protocol's error codes.
-//! - [`keys`]: the Redis key schema, device keys and presence values.
+//! - [`keys`]: the Redis key schema, device keys and presence values;
+//!   [`device_state`]: freeing what Redis holds for a device.
 //! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
 //! - [`db`]: the MySQL schema (migrations) and pools.
 //! - [`redis`]: Redis connection settings.
@@ -17,6 +18,7 @@
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod device_state;
 pub mod error;
 pub mod ids;
 pub mod keys;

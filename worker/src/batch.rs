@@ -2,7 +2,7 @@
 //! member devices they go to. Shared by the commit pipeline, the fan-out and the
 //! outbox, so none of them imports another for its types.
 
-use herald_shared::ids::MsgId;
+use herald_shared::ids::{now_ms, MsgId};
 use sqlx::{MySql, QueryBuilder};
 
 /// A message committed by this batch, with what fan-out needs.
@@ -35,6 +35,12 @@ impl Recipient {
     pub fn receives(&self, seq: u64) -> bool {
         self.joined_seq < seq && self.left_seq.is_none_or(|l| seq <= l)
     }
+}
+
+/// The `last_seen_at` from which a device is a recipient (its TTL ago): devices unseen
+/// longer stop costing a pending entry per message.
+pub fn live_since(device_ttl_ms: u64) -> i64 {
+    now_ms().saturating_sub(device_ttl_ms) as i64
 }
 
 /// `(<tenant_col> = ? AND <col> = ?) OR ...`

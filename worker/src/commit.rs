@@ -15,7 +15,7 @@ use herald_shared::protocol::{IngressEntry, SendResult};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
-use crate::batch::{push_pairs, Committed, Recipient};
+use crate::batch::{live_since, push_pairs, Committed, Recipient};
 use crate::lease::{IdSource, NoIdLease};
 
 /// What happened to one entry of the batch.
@@ -130,6 +130,8 @@ impl BatchResult {
 pub struct CommitPipeline {
     db: MySqlPool,
     first_retry_delay_ms: u64,
+    /// Devices unseen this long are no recipients (`delivery.device_ttl_s`).
+    device_ttl_ms: u64,
     /// Ids older than this may not be committed any more (`delivery.sync_settle_ms`
     /// halved): device sync returns ids once they are older than the settle time, so a
     /// later commit below them would be skipped.
@@ -149,8 +151,8 @@ struct ConvState {
 }
 
 impl CommitPipeline {
-    pub fn new(db: MySqlPool, first_retry_delay_ms: u64, sync_settle_ms: u64) -> Self {
-        CommitPipeline { db, first_retry_delay_ms, max_id_age_ms: sync_settle_ms / 2 }
+    pub fn new(db: MySqlPool, first_retry_delay_ms: u64, sync_settle_ms: u64, device_ttl_ms: u64) -> Self {
+        CommitPipeline { db, first_retry_delay_ms, max_id_age_ms: sync_settle_ms / 2, device_ttl_ms }
     }
 
     pub async fn commit(
@@ -234,11 +236,13 @@ impl CommitPipeline {
             }
             // Current members (READ COMMITTED: as of now, under the conversation locks)
             // and their devices: the membership check and the fan-out's recipients.
+            // Devices unseen for the device TTL are not recipients (the janitor frees them).
             let mut q = QueryBuilder::<MySql>::new(
                 "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id FROM members m \
                  LEFT JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
-                 WHERE m.left_seq IS NULL AND (",
+                 AND d.expired_at IS NULL AND d.last_seen_at >= ",
             );
+            q.push_bind(live_since(self.device_ttl_ms)).push(" WHERE m.left_seq IS NULL AND (");
             push_pairs(&mut q, "m.tenant_id", "m.conv_id", &wanted);
             q.push(")");
             for row in q.build().fetch_all(&mut *tx).await? {

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
-use crate::batch::{push_pairs, Committed, Recipient};
+use crate::batch::{live_since, push_pairs, Committed, Recipient};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FanoutError {
@@ -40,6 +40,8 @@ pub struct Fanout {
     pending_cap: u64,
     /// How long a finished fan-out is remembered: the outbox's whole retry window.
     done_ttl_ms: u64,
+    /// Devices unseen this long are no recipients.
+    device_ttl_ms: u64,
 }
 
 /// Pending-set additions for one user: device -> messages.
@@ -47,7 +49,21 @@ type UserPlan = BTreeMap<String, Vec<MsgId>>;
 
 impl Fanout {
     pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64, done_ttl_ms: u64) -> Self {
-        Fanout { db, redis, keys, message_ttl_s: message_ttl_s as i64, pending_cap, done_ttl_ms }
+        Fanout {
+            db,
+            redis,
+            keys,
+            message_ttl_s: message_ttl_s as i64,
+            pending_cap,
+            done_ttl_ms,
+            device_ttl_ms: u64::MAX,
+        }
+    }
+
+    /// Devices unseen this long are no recipients (`delivery.device_ttl_s`).
+    pub fn with_device_ttl(mut self, device_ttl_ms: u64) -> Self {
+        self.device_ttl_ms = device_ttl_ms;
+        self
     }
 
     /// Remembers that the fan-out of outbox event `event` finished, so a redo (the
@@ -106,8 +122,10 @@ impl Fanout {
         pairs.dedup();
         let mut q = QueryBuilder::<MySql>::new(
             "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, d.device_id FROM members m \
-             JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id WHERE ",
+             JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
+             AND d.expired_at IS NULL AND d.last_seen_at >= ",
         );
+        q.push_bind(live_since(self.device_ttl_ms)).push(" WHERE ");
         push_pairs(&mut q, "m.tenant_id", "m.conv_id", &pairs);
         let rows = q.build().fetch_all(&self.db).await?;
         rows.iter()

@@ -11,7 +11,8 @@
 //!   frames and node publishes), [`outbox`] (the transactional outbox and its
 //!   dispatcher), [`reads`] (read receipts and their `read` frames).
 //! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
-//!   consumer; [`trace`]: operators' views; [`admin`]: the admin API.
+//!   consumer; [`trace`]: operators' views; [`admin`]: the admin API;
+//!   [`janitor`]: expired devices, message retention, stale stream consumers.
 
 pub mod admin;
 pub mod batch;
@@ -20,6 +21,7 @@ pub mod committer;
 pub mod context;
 pub mod fanout;
 pub mod ingress;
+pub mod janitor;
 pub mod lease;
 pub mod outbox;
 pub mod projections;
@@ -65,7 +67,7 @@ pub async fn migrate(cfg: &Config) -> Result<(), WorkerError> {
 
 /// `herald-worker rebuild-projections [--dry-run]`.
 pub async fn rebuild_projections(cfg: &Config, dry_run: bool) -> Result<projections::Report, WorkerError> {
-    let db = herald_shared::db::pool(&cfg.mysql_url, 2)?;
+    let db = herald_shared::db::pool(&cfg.mysql_url, 2, None)?;
     Ok(projections::rebuild(&db, dry_run).await?)
 }
 
@@ -75,17 +77,24 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     if cfg.worker.migrate_on_start {
         migrate(&cfg).await?;
     }
-    let db = herald_shared::db::pool(&cfg.mysql_url, cfg.worker.db_pool_size)?;
+    let db = herald_shared::db::pool(
+        &cfg.mysql_url,
+        cfg.worker.db_pool_size,
+        Some(Duration::from_millis(cfg.mysql_statement_timeout_ms)),
+    )?;
     let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
     let keys = Keys::new(cfg.redis_key_prefix.clone());
-    let fanout = Arc::new(Fanout::new(
-        db.clone(),
-        redis.clone(),
-        keys.clone(),
-        cfg.worker.message_ttl_s,
-        cfg.delivery.pending_cap,
-        cfg.outbox.retry_window_ms(),
-    ));
+    let fanout = Arc::new(
+        Fanout::new(
+            db.clone(),
+            redis.clone(),
+            keys.clone(),
+            cfg.worker.message_ttl_s,
+            cfg.delivery.pending_cap,
+            cfg.outbox.retry_window_ms(),
+        )
+        .with_device_ttl(cfg.delivery.device_ttl_s * 1000),
+    );
     let outbox = Arc::new(Outbox::new(db.clone(), cfg.outbox.clone()));
     // Sized for a few seconds of batches; when full, events stay PENDING for the dispatcher.
     let (sent_marks, sent_rx) = tokio::sync::mpsc::channel(10_000);
@@ -95,9 +104,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         keys: keys.clone(),
         max_group: cfg.worker.read_fanout_max_group,
         ttl_ms: cfg.worker.read_state_ttl_s * 1000,
+        device_ttl_ms: cfg.delivery.device_ttl_s * 1000,
     };
     let shared = Arc::new(WorkerContext {
-        commit: CommitPipeline::new(db.clone(), cfg.outbox.first_retry_delay_ms, cfg.delivery.sync_settle_ms),
+        commit: CommitPipeline::new(
+            db.clone(),
+            cfg.outbox.first_retry_delay_ms,
+            cfg.delivery.sync_settle_ms,
+            cfg.delivery.device_ttl_s * 1000,
+        ),
         cfg,
         db,
         redis,
@@ -126,6 +141,18 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.spawn_supervised("outbox_dispatcher", Criticality::Background, move |c| dispatcher.clone().run(c));
     let marker = SentMarker { outbox: shared.outbox.clone(), rx: Arc::new(tokio::sync::Mutex::new(sent_rx)) };
     process.spawn_supervised("sent_marker", Criticality::Background, move |c| marker.clone().run(c));
+    let janitor = janitor::Janitor {
+        db: shared.db.clone(),
+        redis: shared.redis.clone(),
+        keys: shared.keys.clone(),
+        node_id: shared.cfg.node_id.clone(),
+        shards: shared.cfg.ingress.shards,
+        interval: Duration::from_millis(shared.cfg.worker.janitor_interval_ms),
+        device_ttl_ms: shared.cfg.delivery.device_ttl_s * 1000,
+        retention_days: shared.cfg.worker.retention_days,
+        retention_overrides: shared.cfg.worker.retention_by_tenant().unwrap_or_default(),
+    };
+    process.spawn_supervised("janitor", Criticality::Background, move |c| janitor.clone().run(c));
     let (health, ready) = (shared.clone(), process.readiness().clone());
     process.spawn_supervised("health", Criticality::Critical, move |c| health_loop(health.clone(), ready.clone(), c));
     process.serve_admin(listener, admin::router(shared.clone(), metrics, process.readiness().clone()));

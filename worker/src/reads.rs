@@ -39,6 +39,8 @@ pub struct ReadReceipts {
     pub keys: Keys,
     pub max_group: usize,
     pub ttl_ms: u64,
+    /// Devices unseen this long get no read positions.
+    pub device_ttl_ms: u64,
 }
 
 /// A position that moved forward.
@@ -120,8 +122,9 @@ impl ReadReceipts {
         for m in moved {
             let rows = sqlx::query(
                 "SELECT m.user_id, d.device_id FROM members m JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
-                 WHERE m.tenant_id = ? AND m.conv_id = ? AND m.left_seq IS NULL",
+                 AND d.expired_at IS NULL AND d.last_seen_at >= ? WHERE m.tenant_id = ? AND m.conv_id = ? AND m.left_seq IS NULL",
             )
+            .bind(crate::batch::live_since(self.device_ttl_ms))
             .bind(&m.tenant)
             .bind(&m.conv)
             .fetch_all(&self.db)

@@ -10,10 +10,18 @@ pub mod ws;
 #[cfg(test)]
 mod body_strategies;
 
-use axum::extract::DefaultBodyLimit;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use fred::interfaces::PubsubInterface;
 use herald_shared::error::ErrorCode;
+use herald_shared::keys::{DeviceKey, PresenceValue};
+use herald_shared::protocol::{Kick, NodeEnvelope};
 
 use crate::state::AppState;
 use auth::Caller;
@@ -22,14 +30,21 @@ use auth::Caller;
 pub fn router(state: AppState) -> Router {
     // The JSON envelope around a maximal body, with room for escaping.
     let body_limit = state.cfg.gateway.max_body_bytes * 2 + 4096;
-    Router::new()
+    let deadline = Duration::from_millis(state.cfg.gateway.request_timeout_ms);
+    // Every HTTP request must arrive whole and be answered within the deadline; the
+    // WebSocket upgrade answers at once and its session is bounded by its own rules.
+    let bounded = Router::new()
         .route("/v1/devices", post(register))
+        .route("/v1/devices/me", axum::routing::delete(unregister))
         .route("/v1/conversations", post(conversations::create).get(conversations::list))
         .route("/v1/conversations/{id}/members", post(conversations::change_members))
         .route("/v1/messages", post(messages::send))
         .route("/v1/conversations/{id}/messages", get(history::messages))
         .route("/v1/conversations/{id}/read", post(messages::read))
         .route("/v1/sync", get(history::sync))
+        .layer(axum::middleware::from_fn_with_state(deadline, within_deadline));
+    Router::new()
+        .merge(bounded)
         .route("/v1/ws", get(ws::upgrade))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::map_response(protocol_error_body))
@@ -63,6 +78,43 @@ async fn protocol_error_body(resp: axum::response::Response) -> axum::response::
         out.headers_mut().insert(axum::http::header::RETRY_AFTER, retry.clone());
     }
     out
+}
+
+/// A request not received and answered within `gateway.request_timeout_ms` (a client
+/// that sends its head and trickles its body) is refused, freeing its task.
+async fn within_deadline(State(deadline): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(deadline, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            metrics::counter!("herald_request_timeouts_total").increment(1);
+            crate::error::ApiError::bad_request("the request was not received in time").into_response()
+        }
+    }
+}
+
+/// `DELETE /v1/devices/me`: the caller's device logs out. It stops being a fan-out
+/// target and everything Herald keeps for it goes at once; its session, if any, is
+/// closed (4002).
+async fn unregister(
+    State(state): State<crate::state::AppState>,
+    Caller(c): Caller,
+) -> Result<StatusCode, crate::error::ApiError> {
+    let device = DeviceKey::of(&c);
+    let presence = state.devices.unregister(&device).await?;
+    if let Some(p) = presence.as_deref().and_then(PresenceValue::parse) {
+        if p.node == state.cfg.node_id {
+            state.sessions.directory.kick(&device, &p.session);
+        } else {
+            let kick = NodeEnvelope {
+                kick: vec![Kick { tenant: c.tid, user: c.sub, device: c.dev, session: p.session }],
+                ..Default::default()
+            };
+            let channel = state.sessions.keys.node_channel(&p.node);
+            let _: Result<(), _> =
+                state.sessions.redis.next().publish(channel, serde_json::to_string(&kick).expect("serializes")).await;
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST /v1/devices`: registers the caller's device (any authenticated request does).

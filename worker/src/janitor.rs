@@ -1,0 +1,195 @@
+//! The janitor: what would otherwise grow with history or with every device ever seen
+//! is trimmed here, every `worker.janitor_interval_ms`, by every worker at once (rows
+//! are taken with `SKIP LOCKED`, and everything it does is idempotent):
+//!
+//! - devices unseen for `delivery.device_ttl_s` are expired: their Redis state (pending
+//!   set, presence, marker, band, read positions) is freed and they stop being fan-out
+//!   targets; one that returns is live again and catches up from its watermark;
+//! - messages past their tenant's retention are deleted, oldest first;
+//! - consumers of the ingress streams left by nodes that are gone are removed.
+
+use std::time::{Duration, Instant};
+
+use fred::interfaces::StreamsInterface;
+use fred::prelude::*;
+use herald_shared::db::TextColumns;
+use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::keys::{DeviceKey, Keys, INGRESS_GROUP};
+use sqlx::mysql::MySqlPool;
+use sqlx::{MySql, QueryBuilder};
+use tokio_util::sync::CancellationToken;
+
+/// Rows taken per statement: short locks.
+const CHUNK: u32 = 500;
+/// Work per kind per round, so a large backlog of work is spread over rounds.
+const ROUND_BUDGET: Duration = Duration::from_secs(5);
+/// A stream consumer with nothing pending and idle this long belongs to a node gone.
+const CONSUMER_IDLE_MS: u64 = 10 * 60 * 1000;
+
+#[derive(Clone, Debug)]
+pub struct Janitor {
+    pub db: MySqlPool,
+    pub redis: Pool,
+    pub keys: Keys,
+    pub node_id: String,
+    pub shards: u32,
+    pub interval: Duration,
+    pub device_ttl_ms: u64,
+    /// Days of messages kept; 0 keeps them forever.
+    pub retention_days: u64,
+    /// Per-tenant retention (days; 0 forever), over `retention_days`.
+    pub retention_overrides: Vec<(String, u64)>,
+}
+
+impl Janitor {
+    pub async fn run(self, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+            match self.expire_devices().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(devices = n, "devices unseen for the device TTL expired"),
+                Err(e) => tracing::warn!(error = %e, "expiring devices failed"),
+            }
+            match self.purge_messages().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(messages = n, "messages past their retention deleted"),
+                Err(e) => tracing::warn!(error = %e, "message retention failed"),
+            }
+            if let Err(e) = self.forget_consumers().await {
+                tracing::debug!(error = %e, "stale stream consumers not removed");
+            }
+        }
+    }
+
+    /// Expires devices unseen for the TTL, `CHUNK` at a time; how many.
+    pub async fn expire_devices(&self) -> Result<u64, JanitorError> {
+        let started = Instant::now();
+        let cutoff = now_ms().saturating_sub(self.device_ttl_ms) as i64;
+        let mut expired = 0;
+        while started.elapsed() < ROUND_BUDGET {
+            let mut tx = self.db.begin().await?;
+            let rows = sqlx::query(
+                "SELECT tenant_id, user_id, device_id FROM devices WHERE expired_at IS NULL AND last_seen_at < ? \
+                 ORDER BY last_seen_at LIMIT ? FOR UPDATE SKIP LOCKED",
+            )
+            .bind(cutoff)
+            .bind(CHUNK)
+            .fetch_all(&mut *tx)
+            .await?;
+            if rows.is_empty() {
+                break;
+            }
+            let devices: Vec<DeviceKey> = rows
+                .iter()
+                .map(|r| Ok(DeviceKey::new(r.text(0)?, r.text(1)?, r.text(2)?)))
+                .collect::<Result<_, sqlx::Error>>()?;
+            for d in &devices {
+                herald_shared::device_state::free(&self.redis, &self.keys, d).await?;
+            }
+            let mut q = QueryBuilder::<MySql>::new("UPDATE devices SET expired_at = ");
+            q.push_bind(now_ms() as i64).push(" WHERE (tenant_id, user_id, device_id) IN (");
+            let mut sep = q.separated(", ");
+            for d in &devices {
+                sep.push("(")
+                    .push_bind_unseparated(&d.tenant)
+                    .push_unseparated(", ")
+                    .push_bind_unseparated(&d.user)
+                    .push_unseparated(", ")
+                    .push_bind_unseparated(&d.device)
+                    .push_unseparated(")");
+            }
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
+            tx.commit().await?;
+            expired += devices.len() as u64;
+            metrics::counter!("herald_devices_expired_total").increment(devices.len() as u64);
+            if devices.len() < CHUNK as usize {
+                break;
+            }
+        }
+        Ok(expired)
+    }
+
+    /// Deletes messages past their tenant's retention, oldest first; how many.
+    pub async fn purge_messages(&self) -> Result<u64, JanitorError> {
+        let started = Instant::now();
+        let mut purged = 0;
+        let cutoff = |days: u64| MsgId::lowest_at(now_ms().saturating_sub(days * 86_400_000)).0;
+        if self.retention_days > 0 {
+            let others: Vec<&str> = self.retention_overrides.iter().map(|(t, _)| t.as_str()).collect();
+            purged += self.purge_where(None, &others, cutoff(self.retention_days), started).await?;
+        }
+        for (tenant, days) in self.retention_overrides.iter().filter(|(_, d)| *d > 0) {
+            purged += self.purge_where(Some(tenant), &[], cutoff(*days), started).await?;
+        }
+        metrics::counter!("herald_messages_purged_total").increment(purged);
+        Ok(purged)
+    }
+
+    async fn purge_where(
+        &self,
+        tenant: Option<&str>,
+        except: &[&str],
+        below: u64,
+        started: Instant,
+    ) -> Result<u64, JanitorError> {
+        let mut purged = 0;
+        while started.elapsed() < ROUND_BUDGET {
+            let mut q = QueryBuilder::<MySql>::new("DELETE FROM messages WHERE id < ");
+            q.push_bind(below);
+            if let Some(t) = tenant {
+                q.push(" AND tenant_id = ").push_bind(t);
+            }
+            if !except.is_empty() {
+                q.push(" AND tenant_id NOT IN (");
+                let mut sep = q.separated(", ");
+                for t in except {
+                    sep.push_bind(*t);
+                }
+                q.push(")");
+            }
+            q.push(" ORDER BY id LIMIT ").push_bind(CHUNK);
+            let n = q.build().execute(&self.db).await?.rows_affected();
+            purged += n;
+            if n < u64::from(CHUNK) {
+                break;
+            }
+        }
+        Ok(purged)
+    }
+
+    /// Removes consumers of the ingress streams that hold nothing and were idle for
+    /// long: each node that ever consumed left one, and random node ids make them pile up.
+    async fn forget_consumers(&self) -> Result<(), JanitorError> {
+        let client = self.redis.next();
+        for shard in 0..self.shards {
+            let key = self.keys.ingress(shard);
+            let consumers: Value = match client.xinfo_consumers(&key, INGRESS_GROUP).await {
+                Ok(v) => v,
+                Err(_) => continue, // no stream or group yet
+            };
+            for c in consumers.into_array() {
+                let fields: std::collections::HashMap<String, Value> = c.convert().unwrap_or_default();
+                let name = fields.get("name").and_then(|v| v.as_string()).unwrap_or_default();
+                let pending = fields.get("pending").and_then(Value::as_u64).unwrap_or(1);
+                let idle = fields.get("idle").and_then(Value::as_u64).unwrap_or(0);
+                if name != self.node_id && !name.is_empty() && pending == 0 && idle > CONSUMER_IDLE_MS {
+                    let _: i64 = client.xgroup_delconsumer(&key, INGRESS_GROUP, name.as_str()).await?;
+                    metrics::counter!("herald_stream_consumers_removed_total").increment(1);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JanitorError {
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+}
