@@ -67,7 +67,7 @@ pub enum GatewayError {
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), GatewayError> {
     let metrics = herald_shared::telemetry::init_metrics();
     let cfg = Arc::new(cfg);
-    let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size)?;
+    let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size, Some(statement_timeout(&cfg)))?;
     let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
     let policy = herald_shared::redis::eviction_policy(redis.next()).await?;
     if cfg.gateway.require_noeviction && policy != "noeviction" {
@@ -137,7 +137,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         db: db.clone(),
         history,
         ingress,
-        devices: devices::DeviceRegistry::new(db.clone()),
+        devices: devices::DeviceRegistry::new(db.clone(), redis.clone(), keys.clone()),
         limits: limits.clone(),
         sessions,
         session_tasks: TaskTracker::new(),
@@ -171,6 +171,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     }
     let _ = subscriber.quit().await;
     Ok(())
+}
+
+fn statement_timeout(cfg: &Config) -> Duration {
+    Duration::from_millis(cfg.mysql_statement_timeout_ms)
 }
 
 /// Keeps `/readyz`, the epoch and the eviction-policy gauge current.

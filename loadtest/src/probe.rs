@@ -30,10 +30,26 @@ struct ProbeBody {
     t0: u64,
 }
 
+/// Numbers remembered per side: the probe runs for months, its memory must not grow.
+const REMEMBERED: u64 = 10_000;
+
+impl Expect {
+    /// Forgets numbers far below the highest seen, in batches.
+    fn forget_old(&mut self) {
+        if self.seen.len() as u64 > 2 * REMEMBERED {
+            self.forgotten_below = self.highest.saturating_sub(REMEMBERED);
+            let floor = self.forgotten_below;
+            self.seen.retain(|n, _| *n >= floor);
+        }
+    }
+}
+
 #[derive(Default)]
 struct Expect {
     outstanding: BTreeMap<u64, Instant>,
     seen: HashMap<u64, String>,
+    /// Numbers below this are no longer remembered (see [`REMEMBERED`]).
+    forgotten_below: u64,
     highest: u64,
 }
 
@@ -143,6 +159,11 @@ async fn side(
                         let id = m.id.to_string();
                         let Ok(ProbeBody { probe_n: num, t0 }) = serde_json::from_str(m.body.get()) else { continue };
                         let mut e = mine.lock().expect("expect");
+                        if num < e.forgotten_below {
+                            // Older than what is remembered: a late repeat.
+                            metrics::counter!("herald_probe_repeats_total").increment(1);
+                            continue;
+                        }
                         match e.seen.get(&num) {
                             Some(prev) if *prev == id => metrics::counter!("herald_probe_repeats_total").increment(1),
                             Some(_) => metrics::counter!("herald_probe_duplicates_total").increment(1),
@@ -153,6 +174,7 @@ async fn side(
                                 e.highest = e.highest.max(num);
                                 e.seen.insert(num, id);
                                 e.outstanding.remove(&num);
+                                e.forget_old();
                                 metrics::counter!("herald_probe_received_total").increment(1);
                                 metrics::histogram!("herald_probe_latency_seconds").record(now_ms().saturating_sub(t0) as f64 / 1000.0);
                             }

@@ -24,14 +24,26 @@ fn options(url: &str) -> Result<MySqlConnectOptions, sqlx::Error> {
 /// reads its members must see the membership committed before it got the lock, not a
 /// snapshot from its first read (REPEATABLE READ would let a member removed in between
 /// still send). It also takes no gap locks, so concurrent batches do not block each other.
-pub fn pool(url: &str, size: u32) -> Result<MySqlPool, sqlx::Error> {
+///
+/// Every statement runs under `statement_timeout` (MariaDB's `max_statement_time`, or
+/// MySQL's `max_execution_time`, which bounds reads only): a stuck query frees its
+/// connection instead of holding it forever. `None` for tools whose statements may run
+/// long (projection rebuilds).
+pub fn pool(url: &str, size: u32, statement_timeout: Option<Duration>) -> Result<MySqlPool, sqlx::Error> {
     Ok(MySqlPoolOptions::new()
         .max_connections(size)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(5))
-        .after_connect(|conn, _| {
+        .after_connect(move |conn, _| {
             Box::pin(async move {
                 sqlx::Executor::execute(&mut *conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
+                if let Some(t) = statement_timeout {
+                    let mariadb = format!("SET SESSION max_statement_time = {:.3}", t.as_secs_f64());
+                    if sqlx::Executor::execute(&mut *conn, mariadb.as_str()).await.is_err() {
+                        let mysql = format!("SET SESSION max_execution_time = {}", t.as_millis());
+                        sqlx::Executor::execute(&mut *conn, mysql.as_str()).await?;
+                    }
+                }
                 Ok(())
             })
         })

@@ -108,7 +108,7 @@ async fn fixture(device: &str) -> Fixture {
     cfg.gateway.backlog_page_desktop = 3;
     let cfg = Arc::new(cfg);
     // Never connected: this session's pending set is trusted, so MySQL is not asked.
-    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1).expect("lazy pool");
+    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
     let epoch = "e1".to_string();
     let claims =
         Claims { tid: "t".into(), sub: "u".into(), dev: device.into(), plat: Platform::Desktop, exp: u64::MAX };
