@@ -14,7 +14,7 @@ import sys
 
 LAYERS = {
     "shared": [
-        ["ids", "error", "redis", "telemetry", "db", "scripts", "process"],
+        ["ids", "error", "redis", "telemetry", "db", "scripts", "process", "process_metrics"],
         ["auth"],
         ["keys", "config"],
         ["protocol", "device_state"],

@@ -12,7 +12,8 @@
 //! - [`db`]: the MySQL schema (migrations) and pools.
 //! - [`redis`]: Redis connection settings.
 //! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
-//! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard.
+//! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
+//!   [`process_metrics`]: CPU, memory and descriptors of the process.
 //! - [`telemetry`]: tracing and metrics setup.
 
 pub mod auth;
@@ -24,6 +25,7 @@ pub mod ids;
 pub mod keys;
 pub mod ops;
 pub mod process;
+pub mod process_metrics;
 pub mod protocol;
 pub mod redis;
 pub mod scripts;

@@ -37,7 +37,13 @@ pub fn router(metrics: PrometheusHandle, ready: Readiness) -> Router {
                 }
             }),
         )
-        .route("/metrics", get(move || std::future::ready(metrics.render())))
+        .route(
+            "/metrics",
+            get(move || {
+                crate::process_metrics::record();
+                std::future::ready(metrics.render())
+            }),
+        )
 }
 
 /// Middleware for `/admin/...`: the configured bearer token, compared in constant
