@@ -9,6 +9,7 @@
 //! - [`recorder`]: histograms, per-tick series and the progress line.
 //! - [`integrity`]: the check (tested on doctored logs).
 //! - [`report`]: JSON, Markdown, SVG charts and the capacity report.
+//! - [`slope`]: the slope test: does a sampled series keep growing?
 
 pub mod cli;
 pub mod engine;
@@ -18,3 +19,4 @@ pub mod recorder;
 pub mod report;
 pub mod scenarios;
 pub mod sends;
+pub mod slope;
