@@ -9,6 +9,7 @@
 //! - [`recorder`]: histograms, per-tick series and the progress line.
 //! - [`integrity`]: the check (tested on doctored logs).
 //! - [`report`]: JSON, Markdown, SVG charts and the capacity report.
+//! - [`sampler`]: what `soak` samples: Redis, MySQL and the processes' `/metrics`.
 //! - [`slope`]: the slope test: does a sampled series keep growing?
 
 pub mod cli;
@@ -17,6 +18,7 @@ pub mod integrity;
 pub mod probe;
 pub mod recorder;
 pub mod report;
+pub mod sampler;
 pub mod scenarios;
 pub mod sends;
 pub mod slope;
