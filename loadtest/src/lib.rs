@@ -11,6 +11,7 @@
 //! - [`report`]: JSON, Markdown, SVG charts and the capacity report.
 //! - [`sampler`]: what `soak` samples: Redis, MySQL and the processes' `/metrics`.
 //! - [`slope`]: the slope test: does a sampled series keep growing?
+//! - [`soak_report`]: the soak's series judged, their table and charts.
 
 pub mod cli;
 pub mod engine;
@@ -22,3 +23,4 @@ pub mod sampler;
 pub mod scenarios;
 pub mod sends;
 pub mod slope;
+pub mod soak_report;
