@@ -2,7 +2,7 @@
 //! client library's devices; every scenario ends with the integrity check.
 //!
 //! - [`cli`]: the command line (clap), every command's options and defaults.
-//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`.
+//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`, `soak`.
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).
 //! - [`probe`]: the canary between probe accounts, with `herald_probe_*` metrics.
 //! - [`engine`]: provisioning, devices, senders, settling and the check.
