@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The standard capacity suite: starts a local Herald (one worker, two gateways; release
 # build; its own database, Redis prefix and ports, so it can run beside scripts/run.sh),
-# runs the scenarios steady, fanout, storm, idle and chaos, and writes
+# runs the scenarios steady, fanout, storm, idle and chaos (soak when asked), and writes
 # docs/capacity-report.md with the numbers next to the targets of docs/architecture.md section 6
 # (scenario reports, JSON and SVG charts in docs/capacity/).
 #
@@ -10,6 +10,9 @@
 #   SCENARIOS="storm chaos" scripts/capacity.sh  # some of them (the report keeps the others' last run)
 #   STORM_ARGS="--devices 1000 --backlog 50" SCENARIOS=storm scripts/capacity.sh  # other options
 #   OUT=/tmp/cap REPORT=/tmp/cap/report.md scripts/capacity.sh
+#   SCENARIOS=soak scripts/capacity.sh  # 10 minutes of steady load with device churn; fails
+#                                       # when what Herald keeps grows (SOAK_ARGS for options)
+#   HD_BIN=target/debug ...             # binaries already built (no release build)
 set -euo pipefail
 export HD_DATABASE=${HD_DATABASE:-herald_capacity}
 export HD_GW1_PORT=${HD_GW1_PORT:-8180} HD_GW2_PORT=${HD_GW2_PORT:-8181}
@@ -32,9 +35,31 @@ export HERALD_GATEWAY__MAX_CONNECTIONS_PER_IP=${HERALD_GATEWAY__MAX_CONNECTIONS_
 OUT=${OUT:-docs/capacity}
 REPORT=${REPORT:-docs/capacity-report.md}
 SCALE=${SCALE:-standard}
+SCENARIOS=${SCENARIOS:-steady fanout storm idle chaos}
+case " $SCENARIOS " in *" soak "*)
+  # The soak checks that what Herald keeps is bounded by its windows, so they are scaled
+  # down for every process to pass several times in 10 minutes: frames, SENT outbox rows,
+  # devices unseen, watermark writes, and the fan-out markers kept for the outbox's retry
+  # window (5 s + 5 s + 10 s + 10 s + 15 s, which the watermark margin must cover). The
+  # other scenarios of the same run get them too: run soak on its own.
+  export HERALD_WORKER__MESSAGE_TTL_S=${HERALD_WORKER__MESSAGE_TTL_S:-30}
+  export HERALD_OUTBOX__SENT_RETENTION_S=${HERALD_OUTBOX__SENT_RETENTION_S:-30}
+  export HERALD_DELIVERY__DEVICE_TTL_S=${HERALD_DELIVERY__DEVICE_TTL_S:-120}
+  export HERALD_WORKER__JANITOR_INTERVAL_MS=${HERALD_WORKER__JANITOR_INTERVAL_MS:-5000}
+  export HERALD_GATEWAY__WATERMARK_FLUSH_MS=${HERALD_GATEWAY__WATERMARK_FLUSH_MS:-30000}
+  export HERALD_OUTBOX__BACKOFF_MS=${HERALD_OUTBOX__BACKOFF_MS:-5000,10000}
+  export HERALD_OUTBOX__MAX_ATTEMPTS=${HERALD_OUTBOX__MAX_ATTEMPTS:-3}
+  export HERALD_OUTBOX__SENDING_STALE_MS=${HERALD_OUTBOX__SENDING_STALE_MS:-15000}
+  export HERALD_GATEWAY__WATERMARK_MARGIN_MS=${HERALD_GATEWAY__WATERMARK_MARGIN_MS:-60000}
+  log "soak: windows scaled down (frames and SENT rows 30 s, devices 120 s, outbox retries 45 s)" ;;
+esac
 
-log "building (release)"
-cargo build --release --bins -q
+if [ "$HD_BIN" = target/release ]; then
+  log "building (release)"
+  cargo build --release --bins -q
+else
+  log "using the binaries in $HD_BIN"
+fi
 log "fresh database $HD_DATABASE and Redis prefix $HERALD_REDIS_KEY_PREFIX"
 mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS $HD_DATABASE" 2>/dev/null \
   || mariadb -u root -e "DROP DATABASE IF EXISTS $HD_DATABASE"
@@ -54,6 +79,7 @@ if [ "$SCALE" = quick ]; then
   STORM="--devices 500 --backlog 50 --group 50 --realtime 20 --rate 50 --baseline 3"
   IDLE="--connections 2000 --hold 3"
   CHAOS="--conversations 100 --rate 300 --duration 24"
+  SOAK="--conversations 100 --rate 100 --duration 300 --warmup 150"
 else
   STEADY="--conversations 200 --rate 5000 --duration 30"
   FANOUT="--receivers 4000 --group 200 --rate 0 --duration 30"
@@ -61,14 +87,16 @@ else
   # The machine allows 20 000 open files per process: 18 000 sessions is its ceiling.
   IDLE="--connections 18000 --hold 10 --connect-rate 3000"
   CHAOS="--conversations 300 --rate 1000 --duration 40"
+  # Past the warm-up, devices gone are expired as fast as they go (120 s after they were
+  # last seen), so what they held stops adding up.
+  SOAK="--conversations 300 --rate 300 --duration 600 --warmup 150"
 fi
 # Any scenario's options can be replaced: STORM="--devices 1000 --backlog 50" scripts/capacity.sh
 STEADY=${STEADY_ARGS:-$STEADY} FANOUT=${FANOUT_ARGS:-$FANOUT} STORM=${STORM_ARGS:-$STORM}
-IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS}
+IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS} SOAK=${SOAK_ARGS:-$SOAK}
 gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
 lt() { "$HD_BIN/herald-loadtest" "$@" --gateways "$gws" --out "$OUT"; }
 mkdir -p "$OUT"
-SCENARIOS=${SCENARIOS:-steady fanout storm idle chaos}
 failed=""
 for s in $SCENARIOS; do
   rm -f "$OUT/$s.json"
@@ -85,6 +113,11 @@ for s in $SCENARIOS; do
         --action "8=scripts/node.sh start gw-2" \
         --action "12=scripts/node.sh kill wk-1" \
         --action "15=scripts/node.sh start wk-1" ;;
+    soak)
+      # samples this cluster: its Redis prefix, its database and every process's /metrics
+      lt soak --redis-url "$HERALD_REDIS_URL" --redis-prefix "$HERALD_REDIS_KEY_PREFIX" \
+        --mysql-url "$HERALD_MYSQL_URL" --admin "wk-1=http://127.0.0.1:$HD_WK1_ADMIN" \
+        --admin "gw-1=http://127.0.0.1:$HD_GW1_ADMIN" --admin "gw-2=http://127.0.0.1:$HD_GW2_ADMIN" $SOAK ;;
     *) log "unknown scenario $s"; exit 2 ;;
   esac || failed="$failed $s"
 done
@@ -92,4 +125,4 @@ done
 machine="$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), $(date -u +%Y-%m-%d)"
 "$HD_BIN/herald-loadtest" report --dir "$OUT" --out "$REPORT" --machine "$machine"
 log "capacity report: $REPORT"
-if [ -n "$failed" ]; then log "integrity check or run FAILED in:$failed"; exit 1; fi
+if [ -n "$failed" ]; then log "integrity check, bounded-state check or run FAILED in:$failed"; exit 1; fi

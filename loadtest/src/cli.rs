@@ -11,9 +11,13 @@ use herald_shared::auth::Platform;
 
 use anyhow::{ensure, Context};
 
+mod soak;
+pub use soak::Soak;
+
 const AFTER_HELP: &str = "\
 Each scenario shows progress, ends with the integrity check and writes <out>/<scenario>.json,
-.md and SVG charts; its exit status is 1 when the integrity check fails, 2 on other errors.
+.md and SVG charts; its exit status is 1 when the integrity check (or soak's bounded-state
+check) fails, 2 on other errors.
 An option given twice takes its last value (--action adds one each time).
 `herald-loadtest COMMAND --help` lists a command's options and their defaults.";
 
@@ -44,6 +48,8 @@ pub enum Command {
     Chaos(Chaos),
     /// Idle sessions on one gateway: its memory per connection, and that they still deliver.
     Idle(Idle),
+    /// `steady` with devices leaving, joining and reconnecting; fails when kept state keeps growing.
+    Soak(Soak),
     /// Durable 1:1 sends over HTTP at full speed (closed loop): throughput and send-ack latency.
     Sends(Sends),
     /// The canary between two probe accounts, exporting herald_probe_* metrics.

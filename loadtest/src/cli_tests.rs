@@ -65,6 +65,35 @@ fn defaults_are_the_documented_ones() {
     assert_eq!((r.out.to_str(), r.machine.as_str()), (Some("docs/capacity-report.md"), "not recorded"));
 }
 
+#[test]
+fn soak_defaults_admin_urls_and_exemptions() {
+    let Command::Soak(s) = parse(&["soak", "--duration", "100"]).unwrap() else { panic!("soak") };
+    assert_eq!((s.conversations, s.rate, s.churn_every, s.sample_every, s.warmup_s()), (300, 300.0, 10.0, 5.0, 20.0));
+    assert_eq!((s.leave_pct, s.join_pct, s.reconnect_pct, s.max_growth), (2.0, 2.0, 5.0, 0.10));
+    assert_eq!(s.exempt, ["rows.messages", "rows.devices_total"]);
+    assert_eq!(s.redis_prefix, "hd");
+    assert!(s.admins.is_empty());
+    let Command::Soak(s) = parse(&[
+        "soak",
+        "--admin",
+        "wk-1=http://127.0.0.1:9191/",
+        "--admin",
+        "http://127.0.0.1:9190",
+        "--exempt",
+        "none",
+        "--warmup",
+        "3",
+    ])
+    .unwrap() else {
+        panic!("soak")
+    };
+    let admins: Vec<(&str, &str)> = s.admins.iter().map(|a| (a.name.as_str(), a.url.as_str())).collect();
+    assert_eq!(admins, [("wk-1", "http://127.0.0.1:9191"), ("127.0.0.1:9190", "http://127.0.0.1:9190")]);
+    assert_eq!((s.exempt.as_slice(), s.warmup_s()), (&["none".to_string()][..], 3.0));
+    assert!(parse(&["soak", "--admin", "127.0.0.1:9190"]).is_err(), "an admin URL has a scheme");
+    assert!(parse(&["soak", "--admin", "x=http://h:1/metrics"]).is_err(), "the listener, not a path");
+}
+
 /// The command lines of scripts/capacity.sh, scripts/run.sh, the Helm chart's probe
 /// and tests/tests/{loadtest,probe}.rs.
 #[test]
@@ -79,6 +108,7 @@ fn the_callers_command_lines_parse() {
         "steady --conversations 20 --rate 200 --duration 3 --tenant lt",
         "storm --devices 60 --backlog 20 --group 30 --realtime 4 --rate 20 --baseline 1 --fresh true",
         "idle --connections 150 --group 50 --hold 1 --gateway-pid 7 --local-ips 127.0.0.1,127.0.0.2",
+        "soak --conversations 300 --rate 300 --duration 600 --admin gw-1=http://127.0.0.1:9190 --admin http://127.0.0.1:9191 --mysql-url mysql://root@127.0.0.1:3306/herald_capacity --redis-prefix cap",
     ] {
         let words: Vec<&str> = line.split(' ').chain(tail).collect();
         parse(&words).unwrap_or_else(|e| panic!("{line}: {e}"));
@@ -97,7 +127,7 @@ fn the_callers_command_lines_parse() {
 #[test]
 fn help_lists_every_command_and_a_command_s_options() {
     let help = Cli::command().render_long_help().to_string();
-    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "sends", "probe", "report", "token"] {
+    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "soak", "sends", "probe", "report", "token"] {
         assert!(help.contains(cmd), "{cmd} missing from:\n{help}");
     }
     let mut cli = Cli::command();

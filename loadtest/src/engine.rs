@@ -58,10 +58,20 @@ impl Target {
     }
 
     pub fn device(&self, index: usize, user: &str, rec: &Arc<Recorder>) -> Device {
+        self.device_of(index, user, "d", rec)
+    }
+
+    /// The client token of one of `user`'s devices (a desktop app).
+    pub fn device_token(&self, user: &str, device: &str) -> String {
+        token(&self.secret, &self.tenant, user, device, Platform::Desktop)
+    }
+
+    /// `user`'s device `device`, started; `index` spreads devices over gateways and addresses.
+    pub fn device_of(&self, index: usize, user: &str, device: &str, rec: &Arc<Recorder>) -> Device {
         let spec = DeviceSpec {
             user: user.to_owned(),
-            device: "d".into(),
-            token: token(&self.secret, &self.tenant, user, "d", Platform::Desktop),
+            device: device.into(),
+            token: self.device_token(user, device),
             gateways: self.gateways.clone(),
             first_gateway: index,
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
@@ -113,7 +123,7 @@ pub async fn register(target: &Target, users: &[String]) -> Result<()> {
             HttpClient::with_http(
                 target.http.clone(),
                 target.gateways[k % target.gateways.len()].clone(),
-                token(&target.secret, &target.tenant, u, "d", Platform::Desktop),
+                target.device_token(u, "d"),
             )
             .register_device()
             .await
@@ -228,15 +238,16 @@ pub fn spawn_senders(
         .collect()
 }
 
-/// Waits until every device is online and caught up and no delivery happened for
-/// `quiet`, or `limit` passed. Returns how long it took.
+/// Waits until every device is online and caught up and no delivery and no `sync`
+/// answer came for `quiet`, or `limit` passed. Returns how long it took.
 pub async fn settle(rec: &Recorder, devices: usize, quiet: Duration, limit: Duration) -> Duration {
     let started = Instant::now();
-    let mut last = rec.delivered.load(Ordering::Relaxed);
+    let activity = || rec.delivered.load(Ordering::Relaxed) + rec.histories.load(Ordering::Relaxed);
+    let mut last = activity();
     let mut still = Instant::now();
     while started.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = rec.delivered.load(Ordering::Relaxed);
+        let now = activity();
         if now != last {
             last = now;
             still = Instant::now();
@@ -258,14 +269,23 @@ pub async fn finish(
     for (user, d) in devices {
         logs.push((user, d.stop().await));
     }
-    let mut log = EventLog { acked: std::mem::take(&mut *acked.lock().expect("log")), ..Default::default() };
     let recipients: HashMap<String, Vec<(String, String)>> = convs
         .iter()
         .map(|c| (c.id.clone(), c.receivers.iter().map(|u| (u.clone(), "d".to_string())).collect()))
         .collect();
-    log.recipients = recipients;
-    for (user, l) in &logs {
-        let dev = (user.clone(), "d".to_string());
+    let shown: Vec<(String, String, &DeviceLog)> = logs.iter().map(|(u, l)| (u.clone(), "d".into(), l)).collect();
+    let log = EventLog { recipients, ..event_log(acked, &shown) };
+    let report = integrity::check(&log);
+    eprintln!("integrity: {report:?}");
+    (report, logs)
+}
+
+/// The check's log of what was acknowledged and what each (user, device) saw; its
+/// recipients are left to the caller.
+pub fn event_log(acked: &AckLog, logs: &[(String, String, &DeviceLog)]) -> EventLog {
+    let mut log = EventLog { acked: std::mem::take(&mut *acked.lock().expect("log")), ..Default::default() };
+    for (user, device, l) in logs {
+        let dev = (user.clone(), device.clone());
         log.received.extend(l.arrivals.iter().map(|a| Received {
             device: dev.clone(),
             id: a.id,
@@ -281,7 +301,5 @@ pub async fn finish(
             via_sync: false,
         }));
     }
-    let report = integrity::check(&log);
-    eprintln!("integrity: {report:?}");
-    (report, logs)
+    log
 }

@@ -55,6 +55,9 @@ pub struct EventLog {
     pub shown: Vec<Received>,
     /// Every (user, device) expected to receive each conversation's messages.
     pub recipients: HashMap<String, Vec<(String, String)>>,
+    /// Recipients that joined during the run: only messages with ids from this one on
+    /// are expected there (those before were committed without them).
+    pub since: HashMap<(String, String), u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -71,7 +74,8 @@ pub struct IntegrityReport {
     /// Repeated frames of one message to one device (allowed; dropped by id).
     pub repeats_on_wire: u64,
     /// Shown messages whose first copy came from `sync` rather than a push: the push
-    /// path missed them and the client's gap filling recovered them.
+    /// path missed them and the client's gap filling recovered them (history from
+    /// before a device joined is not counted: it was never pushed to it).
     pub recovered_by_sync: u64,
     /// The first few failures, described, to start an investigation from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -144,7 +148,7 @@ pub fn check(log: &EventLog) -> IntegrityReport {
                 .sample(|| format!("shown twice: id {} (conv {} seq {}) on {}/{}", r.id, r.conv, r.seq, dev.0, dev.1));
             continue;
         }
-        if first_via_sync.get(&(dev, r.id)).copied().unwrap_or(false) {
+        if first_via_sync.get(&(dev, r.id)).copied().unwrap_or(false) && !before_joining(log, dev, r.id) {
             report.recovered_by_sync += 1;
         }
         let last = last_seq.entry((dev, r.conv.as_str())).or_insert(0);
@@ -166,6 +170,9 @@ pub fn check(log: &EventLog) -> IntegrityReport {
             if *user == a.sender && *device == a.sender_device {
                 continue;
             }
+            if before_joining(log, (user, device), a.id) {
+                continue;
+            }
             if !shown.get(&(user.as_str(), device.as_str())).is_some_and(|s| s.contains(&a.id)) {
                 report.lost += 1;
                 let dev = (user.as_str(), device.as_str());
@@ -184,6 +191,11 @@ pub fn check(log: &EventLog) -> IntegrityReport {
         }
     }
     report
+}
+
+/// Message `id` was committed before `dev` joined the run (it is not owed it).
+fn before_joining(log: &EventLog, dev: Dev, id: u64) -> bool {
+    !log.since.is_empty() && log.since.get(&(dev.0.to_owned(), dev.1.to_owned())).is_some_and(|from| id < *from)
 }
 
 #[cfg(test)]
@@ -235,6 +247,29 @@ mod tests {
         assert_eq!(r.lost, 1);
         assert!(!r.is_clean());
         assert!(r.samples[0].contains("id 103") && r.samples[0].contains("never arrived"), "{:?}", r.samples);
+    }
+
+    #[test]
+    fn a_device_that_joined_late_owes_only_what_came_after() {
+        let mut log = clean_log();
+        log.received.retain(|r| !(r.device.1 == "b2" && r.id < 104));
+        log.shown.retain(|r| !(r.device.1 == "b2" && r.id < 104));
+        assert_eq!(check(&log).lost, 3);
+        log.since.insert(("bob".into(), "b2".into()), 104);
+        assert!(check(&log).is_clean());
+        log.shown.retain(|r| !(r.device.1 == "b2" && r.id == 105));
+        assert_eq!(check(&log).lost, 1, "what came after it joined is still owed");
+    }
+
+    #[test]
+    fn history_synced_by_a_device_that_joined_late_is_not_a_recovery() {
+        let mut log = clean_log();
+        for r in log.received.iter_mut().filter(|r| r.device.1 == "b2" && (r.id == 102 || r.id == 105)) {
+            r.via_sync = true;
+        }
+        assert_eq!(check(&log).recovered_by_sync, 2);
+        log.since.insert(("bob".into(), "b2".into()), 104);
+        assert_eq!(check(&log).recovered_by_sync, 1, "102 came before b2 joined, 105 after");
     }
 
     #[test]

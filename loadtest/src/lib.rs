@@ -2,13 +2,16 @@
 //! client library's devices; every scenario ends with the integrity check.
 //!
 //! - [`cli`]: the command line (clap), every command's options and defaults.
-//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`.
+//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`, `soak`.
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).
 //! - [`probe`]: the canary between probe accounts, with `herald_probe_*` metrics.
 //! - [`engine`]: provisioning, devices, senders, settling and the check.
 //! - [`recorder`]: histograms, per-tick series and the progress line.
 //! - [`integrity`]: the check (tested on doctored logs).
 //! - [`report`]: JSON, Markdown, SVG charts and the capacity report.
+//! - [`sampler`]: what `soak` samples: Redis, MySQL and the processes' `/metrics`.
+//! - [`slope`]: the slope test: does a sampled series keep growing?
+//! - [`soak_report`]: the soak's series judged, their table and charts.
 
 pub mod cli;
 pub mod engine;
@@ -16,5 +19,8 @@ pub mod integrity;
 pub mod probe;
 pub mod recorder;
 pub mod report;
+pub mod sampler;
 pub mod scenarios;
 pub mod sends;
+pub mod slope;
+pub mod soak_report;

@@ -28,6 +28,7 @@ async fn run(command: Command) -> Result<i32> {
         Command::Storm(a) => (scenarios::storm(&a).await?, a.target.out),
         Command::Chaos(a) => (scenarios::chaos(&a).await?, a.target.out),
         Command::Idle(a) => (scenarios::idle(&a).await?, a.target.out),
+        Command::Soak(a) => (scenarios::soak(&a).await?, a.target.out),
         Command::Sends(a) => {
             sends::sends(&a).await?;
             return Ok(0);
@@ -56,13 +57,27 @@ async fn run(command: Command) -> Result<i32> {
             "delivery_realtime_ms": scenario.delivery_realtime_ms,
             "delivery_backlog_ms": scenario.delivery_backlog_ms,
             "integrity": scenario.integrity,
-            "extra": scenario.extra,
+            "extra": without_samples(&scenario.extra),
         }))?
     );
-    if scenario.integrity.is_clean() {
-        Ok(0)
-    } else {
+    let mut code = 0;
+    if !scenario.integrity.is_clean() {
         eprintln!("integrity check FAILED: {:?}", scenario.integrity);
-        Ok(1)
+        code = 1;
     }
+    if scenario.extra["soak"]["bounded"] == false {
+        eprintln!("bounded-state check FAILED: {} keep growing", scenario.extra["soak"]["growing"]);
+        code = 1;
+    }
+    Ok(code)
+}
+
+/// The scenario's details for the terminal: a soak's samples and series stay in its report.
+fn without_samples(extra: &serde_json::Value) -> serde_json::Value {
+    let mut extra = extra.clone();
+    if let Some(soak) = extra.get_mut("soak").and_then(|s| s.as_object_mut()) {
+        soak.remove("samples");
+        soak.remove("series");
+    }
+    extra
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use herald_client::device::{Observer, Via};
-use herald_shared::protocol::Message;
+use herald_shared::protocol::{Message, ServerFrame};
 use serde::Serialize;
 
 pub fn micros_now() -> u64 {
@@ -75,6 +75,8 @@ pub struct Recorder {
     pub delivered: AtomicU64,
     pub backlog_delivered: AtomicU64,
     pub caught_up: AtomicU64,
+    /// `history` answers to the devices' `sync` (gaps being filled).
+    pub histories: AtomicU64,
     pub online: AtomicI64,
     send_ack: Mutex<Hist>,
     realtime: Mutex<Hist>,
@@ -93,6 +95,7 @@ impl Recorder {
             delivered: AtomicU64::new(0),
             backlog_delivered: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
+            histories: AtomicU64::new(0),
             online: AtomicI64::new(0),
             send_ack: Hist::new(),
             realtime: Hist::new(),
@@ -241,5 +244,11 @@ impl Observer for Recorder {
 
     fn online(&self, up: bool) {
         self.online.fetch_add(if up { 1 } else { -1 }, Ordering::Relaxed);
+    }
+
+    fn frame(&self, frame: &ServerFrame) {
+        if matches!(frame, ServerFrame::History(_)) {
+            self.histories.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }

@@ -82,7 +82,7 @@ pub fn markdown(r: &ScenarioReport, prefix: &str) -> String {
     if let Some(map) = r.extra.as_object() {
         let mut extra: Vec<String> = Vec::new();
         for (k, v) in map {
-            if k != "actions" {
+            if k != "actions" && k != "soak" {
                 extra.push(format!("{k} = {}", short(v)));
             }
         }
@@ -100,6 +100,7 @@ pub fn markdown(r: &ScenarioReport, prefix: &str) -> String {
             }
             s.push('\n');
         }
+        s.push_str(&crate::soak_report::markdown(&r.extra["soak"]));
     }
     for (file, _) in charts(r) {
         let _ = writeln!(s, "![{file}]({prefix}{file})");
@@ -165,6 +166,7 @@ pub fn charts(r: &ScenarioReport) -> Vec<(String, String)> {
             ),
         ));
     }
+    out.extend(crate::soak_report::charts(name, &r.extra["soak"]));
     out
 }
 
@@ -264,7 +266,7 @@ fn fmt_num(v: f64) -> String {
 /// with chart links relative to `out`'s folder.
 pub fn capacity(dir: &Path, out: &Path, machine: &str) -> Result<()> {
     let mut reports: Vec<ScenarioReport> = Vec::new();
-    for name in ["steady", "fanout", "storm", "idle", "chaos", "sends"] {
+    for name in ["steady", "fanout", "storm", "idle", "chaos", "soak", "sends"] {
         let path = dir.join(format!("{name}.json"));
         if let Ok(text) = std::fs::read_to_string(&path) {
             reports.push(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?);
@@ -305,6 +307,9 @@ pub fn capacity(dir: &Path, out: &Path, machine: &str) -> Result<()> {
         let (drain, ratio) =
             (r.extra["drain_s"].as_f64().unwrap_or(f64::MAX), r.extra["realtime_p99_ratio"].as_f64().unwrap_or(0.0));
         let _ = writeln!(s, "| login storm: {} devices x {} backlog | drained <= 60 s | drained <= 15 s, realtime p99 within 2x | drained in {drain:.1} s; realtime p99 {:.1} ms -> {:.1} ms ({ratio:.1}x) | {} |", r.params["devices"], r.params["backlog"], r.extra["realtime_p99_baseline_ms"].as_f64().unwrap_or(0.0), r.extra["realtime_p99_during_storm_ms"].as_f64().unwrap_or(0.0), verdict(drain <= 60.0, drain <= 15.0 && ratio <= 2.0));
+    }
+    if let Some(row) = get("soak").and_then(crate::soak_report::capacity_row) {
+        let _ = writeln!(s, "{row}");
     }
     let mut all = IntegrityReport::default();
     for r in &reports {

@@ -1,6 +1,7 @@
 //! The load-test scenarios, small, against a real cluster: each runs the
 //! `herald-loadtest` binary, which must end with a clean integrity check, and writes
-//! its JSON, Markdown and SVG report; `chaos` SIGKILLs a gateway and a worker under load.
+//! its JSON, Markdown and SVG report; `chaos` SIGKILLs a gateway and a worker under load;
+//! `soak` runs 30 s with windows of seconds and must find the kept state flat.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -171,4 +172,88 @@ async fn chaos_kills_a_gateway_and_a_worker_under_load_and_loses_nothing() {
     assert!(actions.iter().all(|a| a["status"] == "ok"), "{actions:?}");
     assert!(r["extra"]["sessions"].as_u64().unwrap() > 20, "devices on the killed gateway reconnected");
     assert!(r["reconnect_catch_up_ms"]["count"].as_u64().unwrap() > 0, "catch-up after reconnect is measured");
+}
+
+/// `soak` with windows scaled down to seconds: frames live 3 s, SENT outbox rows 5 s,
+/// fan-out markers the 9 s retry window. Devices leave, join and reconnect; what the
+/// cluster keeps must stay flat after the warm-up, while the messages table, kept for
+/// days, is reported growing and exempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_with_churn_keeps_state_flat_and_delivers_everything() {
+    let mut c = Cluster::new("lt-soak");
+    for (k, v) in [
+        ("HERALD_WORKER__MESSAGE_TTL_S", "3"),
+        // Purged every 0.5 s: the count swings by a tenth of what 5 s of rows make.
+        ("HERALD_OUTBOX__SENT_RETENTION_S", "5"),
+        ("HERALD_OUTBOX__FIXED_DELAY_MS", "500"),
+        ("HERALD_OUTBOX__BACKOFF_MS", "1000"),
+        ("HERALD_OUTBOX__MAX_ATTEMPTS", "2"),
+        ("HERALD_OUTBOX__SENDING_STALE_MS", "2000"),
+        ("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "10000"),
+        ("HERALD_GATEWAY__WATERMARK_FLUSH_MS", "2000"),
+        ("HERALD_DELIVERY__DEVICE_TTL_S", "60"),
+        ("HERALD_WORKER__JANITOR_INTERVAL_MS", "1000"),
+        ("HERALD_GATEWAY__SEND_RATE", "100000"),
+        ("HERALD_GATEWAY__SEND_BURST", "100000"),
+    ] {
+        c.set(k, v);
+    }
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    let admins: Vec<String> =
+        c.workers.iter().chain(&c.gateways).map(|p| format!("{}={}", p.name, p.admin_url())).collect();
+    let mut args = vec![
+        "soak",
+        "--conversations",
+        "20",
+        "--rate",
+        "100",
+        "--duration",
+        "30",
+        "--warmup",
+        "12",
+        "--churn-every",
+        "5",
+        "--sample-every",
+        "2",
+        "--redis-url",
+        &c.redis_url,
+        "--redis-prefix",
+        &c.prefix,
+        "--mysql-url",
+        &c.mysql_url,
+    ];
+    for a in &admins {
+        args.extend(["--admin", a]);
+    }
+    let (code, r) = run(&c, &args).await;
+    let r = r.expect("soak report");
+    let soak = &r["extra"]["soak"];
+    assert_eq!(code, 0, "soak: growing {} / integrity {}", soak["growing"], r["integrity"]);
+    assert_clean(&r);
+    for churned in ["left", "joined", "reconnected"] {
+        assert!(r["extra"][churned].as_u64().unwrap() >= 4, "{churned}: {}", r["extra"]);
+    }
+    assert_eq!(soak["bounded"], true);
+    let series = soak["series"].as_array().unwrap();
+    let row = |name: &str| series.iter().find(|s| s["name"] == name).unwrap_or_else(|| panic!("no {name}"));
+    for name in ["redis.used_memory", "keys.m", "keys.fo", "rows.outbox_events", "rows.devices_live", "rss.gw-2"] {
+        assert_eq!(row(name)["verdict"], "flat", "{name}: {}", row(name));
+        assert!(row(name)["samples"].as_u64().unwrap() >= 7, "{}", row(name));
+    }
+    assert_eq!(row("rows.messages")["verdict"], "grows", "the slope test sees history grow");
+    assert_eq!(row("rows.messages")["exempt"], true);
+    assert!(row("writes.mysql_insert")["mean"].as_f64().unwrap() > 0.0);
+    let dir = out_dir(&c);
+    assert_charts(&dir, "soak");
+    for chart in ["redis-memory", "keys", "rows", "rss", "cpu", "mysql-writes", "redis-commands"] {
+        let svg = std::fs::read_to_string(dir.join(format!("soak-{chart}.svg"))).unwrap();
+        assert!(svg.contains("<polyline"), "soak-{chart}.svg has lines");
+    }
+    let md = std::fs::read_to_string(dir.join("soak.md")).unwrap();
+    assert!(
+        md.contains("Bounded state: **every checked series is flat**") && md.contains("| `keys.m` (count) |"),
+        "{md}"
+    );
 }

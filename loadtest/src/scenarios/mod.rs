@@ -1,7 +1,8 @@
 //! The scenarios: `steady` (direct conversations at a target rate), `fanout` (groups),
 //! `storm` (a reconnect storm with backlog while realtime continues), `chaos` (steady
-//! load while given commands kill and restart processes) and `idle` (memory per idle
-//! connection). Each ends with the integrity check and returns a [`ScenarioReport`].
+//! load while given commands kill and restart processes), `idle` (memory per idle
+//! connection) and `soak` (steady load with device churn while kept state is sampled).
+//! Each ends with the integrity check and returns a [`ScenarioReport`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,10 +18,13 @@ use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Targ
 use crate::integrity::IntegrityReport;
 use crate::report::ScenarioReport;
 
+mod churn;
 mod idle;
+mod soak;
 mod storm;
 
 pub use idle::idle;
+pub use soak::soak;
 pub use storm::storm;
 
 /// The most members a `fanout` group may have.
