@@ -21,10 +21,6 @@ use crate::error::ApiError;
 /// costs one read).
 const KNOWN_MAX: usize = 200_000;
 
-/// How often a device's `last_seen_at` is written at most, by this gateway: devices are
-/// expired after days, so minutes are precise enough.
-const LAST_SEEN_EVERY: Duration = Duration::from_secs(600);
-
 /// Devices registered in MySQL, remembered by this process with when their
 /// `last_seen_at` was last written.
 #[derive(Clone, Debug)]
@@ -33,11 +29,14 @@ pub struct DeviceRegistry {
     redis: Pool,
     keys: Keys,
     known: Arc<Mutex<HashMap<DeviceKey, Instant>>>,
+    /// How often a device's `last_seen_at` is written at most, by this gateway
+    /// (`DeliveryConfig::last_seen_every`).
+    seen_every: Duration,
 }
 
 impl DeviceRegistry {
-    pub fn new(db: MySqlPool, redis: Pool, keys: Keys) -> DeviceRegistry {
-        DeviceRegistry { db, redis, keys, known: Arc::default() }
+    pub fn new(db: MySqlPool, redis: Pool, keys: Keys, seen_every: Duration) -> DeviceRegistry {
+        DeviceRegistry { db, redis, keys, known: Arc::default(), seen_every }
     }
 
     /// Records the device on its first request here, and its `last_seen_at` now and then.
@@ -46,7 +45,7 @@ impl DeviceRegistry {
     pub async fn register(&self, c: &Claims) -> Result<(), ApiError> {
         let key = DeviceKey::of(c);
         let seen = self.known.lock().expect("device cache").get(&key).copied();
-        if seen.is_some_and(|t| t.elapsed() < LAST_SEEN_EVERY) {
+        if seen.is_some_and(|t| t.elapsed() < self.seen_every) {
             return Ok(());
         }
         // A device seen before (on another node, or before a restart) costs one read, not a
@@ -62,7 +61,7 @@ impl DeviceRegistry {
         let now = now_ms() as i64;
         match row {
             Some((platform, None, last_seen)) if platform == c.plat.as_str() => {
-                if now - last_seen > LAST_SEEN_EVERY.as_millis() as i64 {
+                if now - last_seen > self.seen_every.as_millis() as i64 {
                     self.touch(c, now).await?;
                 }
             }

@@ -126,6 +126,8 @@ pub struct Session<S> {
     last_mark: Instant,
     /// The watermark last reported: an unchanged one is not written again.
     reported_watermark: Option<herald_shared::ids::MsgId>,
+    /// When W was last reported (which writes `last_seen_at`).
+    last_report: Instant,
     strikes: Strikes,
     /// Read positions written but not yet confirmed by a pong: (field, seq).
     unconfirmed_reads: Vec<(String, u64)>,
@@ -173,6 +175,7 @@ where
             acks: AckBatch::default(),
             last_mark: now,
             reported_watermark: None,
+            last_report: now,
             strikes: Strikes::default(),
             unconfirmed_reads: Vec::new(),
             requests: JoinSet::new(),

@@ -19,7 +19,7 @@ where
 {
     pub(super) async fn on_tick(&mut self) -> Flow {
         self.check_epoch().await;
-        if self.last_mark.elapsed() >= Duration::from_millis(self.env.cfg.gateway.watermark_flush_ms) {
+        if self.last_mark.elapsed() >= self.mark_every() {
             self.report_watermark().await;
         }
         let beat = match self.heartbeat.tick(Instant::now(), &self.inflight) {
@@ -73,15 +73,25 @@ where
         }
     }
 
+    /// How often W is looked at: the flush period, or more often when the device TTL
+    /// needs `last_seen_at` written sooner.
+    fn mark_every(&self) -> Duration {
+        Duration::from_millis(self.env.cfg.gateway.watermark_flush_ms).min(self.env.cfg.delivery.last_seen_every())
+    }
+
     /// Reports W for the MySQL flush when it moved (only while the pending set is
-    /// trusted): an idle device costs no write until its W has something to say.
+    /// trusted): an idle device costs no write until its W has something to say, or
+    /// until its `last_seen_at` is due again (the report writes it too).
     pub(super) async fn report_watermark(&mut self) {
-        self.last_mark = Instant::now();
+        let now = Instant::now();
+        self.last_mark = now;
         if let Ok(Some(watermark)) = self.env.recovery.watermark(&self.device, &self.epoch.epoch).await {
-            if self.reported_watermark == Some(watermark) {
+            let seen_due = now.duration_since(self.last_report) >= self.env.cfg.delivery.last_seen_every();
+            if self.reported_watermark == Some(watermark) && !seen_due {
                 return;
             }
             self.reported_watermark = Some(watermark);
+            self.last_report = now;
             let platform = self.claims.plat.as_str();
             self.env.marks.report(Mark { device: self.device.clone(), platform, watermark });
         }

@@ -21,13 +21,22 @@ section! {
         pub sync_settle_ms: u64 = "5000",
         /// Devices unseen this long stop being fan-out targets and their Redis state is freed (30 days).
         ///
-        /// A device that comes back is live again and catches up from its watermark
-        /// (read from MySQL), so nothing is lost; only abandoned devices stop costing.
+        /// A device in use writes its `last_seen_at` every 10 minutes, or every quarter of
+        /// this TTL when that is shorter. A device that comes back is live again and
+        /// catches up from its watermark (read from MySQL), so nothing is lost; only
+        /// abandoned devices stop costing.
         pub device_ttl_s: u64 = "2592000",
     }
 }
 
 impl DeliveryConfig {
+    /// How often a device in use has its `last_seen_at` written at most: every 10
+    /// minutes, or a quarter of the device TTL when that is shorter, so a device in use
+    /// is never taken for abandoned.
+    pub fn last_seen_every(&self) -> std::time::Duration {
+        std::time::Duration::from_secs((self.device_ttl_s / 4).min(600))
+    }
+
     pub(super) fn validate(&self, bad: &mut Problems) {
         if self.pending_cap == 0 {
             bad.push("delivery.pending_cap", "must be positive");
