@@ -39,19 +39,20 @@ SCENARIOS=${SCENARIOS:-steady fanout storm idle chaos}
 case " $SCENARIOS " in *" soak "*)
   # The soak checks that what Herald keeps is bounded by its windows, so they are scaled
   # down for every process to pass several times in 10 minutes: frames, SENT outbox rows,
-  # devices unseen, watermark writes, and the fan-out markers kept for the outbox's retry
+  # devices unseen and the rows of expired devices, watermark writes, and the fan-out markers kept for the outbox's retry
   # window (5 s + 5 s + 10 s + 10 s + 15 s, which the watermark margin must cover). The
   # other scenarios of the same run get them too: run soak on its own.
   export HERALD_WORKER__MESSAGE_TTL_S=${HERALD_WORKER__MESSAGE_TTL_S:-30}
   export HERALD_OUTBOX__SENT_RETENTION_S=${HERALD_OUTBOX__SENT_RETENTION_S:-30}
   export HERALD_DELIVERY__DEVICE_TTL_S=${HERALD_DELIVERY__DEVICE_TTL_S:-120}
+  export HERALD_WORKER__DEVICE_FORGET_S=${HERALD_WORKER__DEVICE_FORGET_S:-60}
   export HERALD_WORKER__JANITOR_INTERVAL_MS=${HERALD_WORKER__JANITOR_INTERVAL_MS:-5000}
   export HERALD_GATEWAY__WATERMARK_FLUSH_MS=${HERALD_GATEWAY__WATERMARK_FLUSH_MS:-30000}
   export HERALD_OUTBOX__BACKOFF_MS=${HERALD_OUTBOX__BACKOFF_MS:-5000,10000}
   export HERALD_OUTBOX__MAX_ATTEMPTS=${HERALD_OUTBOX__MAX_ATTEMPTS:-3}
   export HERALD_OUTBOX__SENDING_STALE_MS=${HERALD_OUTBOX__SENDING_STALE_MS:-15000}
   export HERALD_GATEWAY__WATERMARK_MARGIN_MS=${HERALD_GATEWAY__WATERMARK_MARGIN_MS:-60000}
-  log "soak: windows scaled down (frames and SENT rows 30 s, devices 120 s, outbox retries 45 s)" ;;
+  log "soak: windows scaled down (frames and SENT rows 30 s, devices 120 s and forgotten 60 s later, outbox retries 45 s)" ;;
 esac
 
 if [ "$HD_BIN" = target/release ]; then

@@ -70,7 +70,7 @@ fn soak_defaults_admin_urls_and_exemptions() {
     let Command::Soak(s) = parse(&["soak", "--duration", "100"]).unwrap() else { panic!("soak") };
     assert_eq!((s.conversations, s.rate, s.churn_every, s.sample_every, s.warmup_s()), (300, 300.0, 10.0, 5.0, 20.0));
     assert_eq!((s.leave_pct, s.join_pct, s.reconnect_pct, s.max_growth), (2.0, 2.0, 5.0, 0.10));
-    assert_eq!(s.exempt, ["rows.messages", "rows.devices_total"]);
+    assert_eq!(s.exempt, ["rows.messages"]);
     assert_eq!(s.redis_prefix, "hd");
     assert!(s.admins.is_empty());
     let Command::Soak(s) = parse(&[

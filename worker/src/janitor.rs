@@ -5,6 +5,8 @@
 //! - devices unseen for `delivery.device_ttl_s` are expired: their Redis state (pending
 //!   set, presence, marker, band, read positions) is freed and they stop being fan-out
 //!   targets; one that returns is live again and catches up from its watermark;
+//! - rows of devices expired `worker.device_forget_s` ago are deleted, so the table
+//!   holds the devices of the last months, not every device ever seen;
 //! - messages past their tenant's retention are deleted, oldest first;
 //! - consumers of the ingress streams left by nodes that are gone are removed.
 
@@ -35,6 +37,8 @@ pub struct Janitor {
     pub shards: u32,
     pub interval: Duration,
     pub device_ttl_ms: u64,
+    /// How long after its expiry a device's row is deleted; 0 keeps the rows.
+    pub device_forget_ms: u64,
     /// Days of messages kept; 0 keeps them forever.
     pub retention_days: u64,
     /// Per-tenant retention (days; 0 forever), over `retention_days`.
@@ -52,6 +56,11 @@ impl Janitor {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(devices = n, "devices unseen for the device TTL expired"),
                 Err(e) => tracing::warn!(error = %e, "expiring devices failed"),
+            }
+            match self.forget_devices().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(devices = n, "rows of devices expired long ago deleted"),
+                Err(e) => tracing::warn!(error = %e, "forgetting devices failed"),
             }
             match self.purge_messages().await {
                 Ok(0) => {}
@@ -111,6 +120,33 @@ impl Janitor {
             }
         }
         Ok(expired)
+    }
+
+    /// Deletes the rows of devices expired `device_forget_ms` ago, `CHUNK` at a time
+    /// (through the `(expired_at, last_seen_at)` index); how many.
+    pub async fn forget_devices(&self) -> Result<u64, JanitorError> {
+        if self.device_forget_ms == 0 {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let cutoff = now_ms().saturating_sub(self.device_forget_ms) as i64;
+        let mut forgotten = 0;
+        while started.elapsed() < ROUND_BUDGET {
+            let done = sqlx::query(
+                "DELETE FROM devices WHERE expired_at IS NOT NULL AND expired_at < ? ORDER BY expired_at LIMIT ?",
+            )
+            .bind(cutoff)
+            .bind(CHUNK)
+            .execute(&self.db)
+            .await?
+            .rows_affected();
+            forgotten += done;
+            metrics::counter!("herald_devices_forgotten_total").increment(done);
+            if done < u64::from(CHUNK) {
+                break;
+            }
+        }
+        Ok(forgotten)
     }
 
     /// Deletes messages past their tenant's retention, oldest first; how many.

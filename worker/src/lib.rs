@@ -149,6 +149,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         shards: shared.cfg.ingress.shards,
         interval: Duration::from_millis(shared.cfg.worker.janitor_interval_ms),
         device_ttl_ms: shared.cfg.delivery.device_ttl_s * 1000,
+        device_forget_ms: shared.cfg.worker.device_forget_s * 1000,
         retention_days: shared.cfg.worker.retention_days,
         retention_overrides: shared.cfg.worker.retention_by_tenant().unwrap_or_default(),
     };

@@ -48,8 +48,8 @@ pub struct Soak {
     #[arg(long, value_name = "MIB", default_value_t = 4.0)]
     pub floor_mib: f64,
     /// Series reported but not failed on (a name, or a prefix ending in `.`); repeat for more.
-    /// Messages are kept retention_days and expired devices keep their rows; `none` checks all.
-    #[arg(long, value_name = "SERIES", default_values_t = ["rows.messages".to_string(), "rows.devices_total".to_string()])]
+    /// Messages are kept `worker.retention_days` (whole days, longer than a soak); `none` checks all.
+    #[arg(long, value_name = "SERIES", default_values_t = ["rows.messages".to_string()])]
     pub exempt: Vec<String>,
     /// Redis of the cluster (standalone), for its memory above the level before the run and the key counts.
     #[arg(long, value_name = "URL", default_value = "redis://127.0.0.1:6379/0")]

@@ -37,6 +37,12 @@ section! {
         pub retention_days: u64 = "0",
         /// Retention of particular tenants, `tenant=days` comma-separated (0 days: forever).
         pub retention_overrides: String = "",
+        /// Seconds after its expiry that a device's row is deleted (a year); 0 keeps the rows.
+        ///
+        /// A device forgotten this way that returns is registered as a new device: it
+        /// gets messages committed from then on and reads older ones by sync, like a
+        /// reinstalled app. Until then an expired device returns with its watermark.
+        pub device_forget_s: u64 = "31536000",
         /// Period of the janitor: expired devices, message retention, dead stream consumers.
         pub janitor_interval_ms: u64 = "60000",
     }

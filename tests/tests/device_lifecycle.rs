@@ -1,0 +1,87 @@
+//! A device's life: in use it is never expired, however short the TTL; expired long
+//! enough ago it is forgotten, and returns as a new device.
+
+use std::time::Duration;
+
+use herald_shared::ids::{now_ms, MsgId};
+use herald_tests::{eventually, AutoDevice, Cluster};
+use serde_json::json;
+
+/// A device in use is never expired, however short the TTL: both an HTTP-only sender and
+/// an idle WebSocket session refresh `last_seen_at` well within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_in_use_are_not_expired_under_a_short_ttl() {
+    let mut c = Cluster::new("devinuse");
+    c.set("HERALD_DELIVERY__DEVICE_TTL_S", "60").set("HERALD_WORKER__JANITOR_INTERVAL_MS", "200");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let phone = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    // Both were last written 40 s ago, as if they had been in use that long: unless
+    // refreshed within a quarter of the TTL, they would expire 20 s from now.
+    let db = c.db().await;
+    sqlx::query("UPDATE devices SET last_seen_at = ?")
+        .bind(now_ms() as i64 - 40_000)
+        .execute(&db)
+        .await
+        .unwrap();
+    let started = now_ms() as i64;
+    for i in 0..25 {
+        alice.send(&format!("m{i}"), "ab", &json!(i)).await.unwrap();
+        let expired: Vec<String> =
+            sqlx::query_scalar("SELECT CAST(device_id AS CHAR) FROM devices WHERE expired_at IS NOT NULL").fetch_all(&db).await.unwrap();
+        assert!(expired.is_empty(), "devices in use were expired after {i} s: {expired:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let stale: Vec<String> = sqlx::query_scalar("SELECT CAST(device_id AS CHAR) FROM devices WHERE last_seen_at < ?")
+        .bind(started)
+        .fetch_all(&db)
+        .await
+        .unwrap();
+    assert!(stale.is_empty(), "last_seen_at not refreshed: {stale:?}");
+    phone.stop().await;
+}
+
+/// A device expired more than `worker.device_forget_s` ago loses its row; when it
+/// returns it is registered afresh, its watermark at about now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_expired_long_ago_is_forgotten_and_returns_as_new() {
+    let mut c = Cluster::new("devforget");
+    c.set("HERALD_WORKER__DEVICE_FORGET_S", "86400").set("HERALD_WORKER__JANITOR_INTERVAL_MS", "200");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.client(0, "alice", "old").create_conversation(Some("solo"), "group", &["alice"]).await.unwrap();
+    c.client(0, "alice", "recent").create_conversation(Some("solo2"), "group", &["alice"]).await.unwrap();
+    let db = c.db().await;
+    let day = 86_400_000i64;
+    let now = now_ms() as i64;
+    // One expired two days ago, one expired an hour ago.
+    sqlx::query("UPDATE devices SET expired_at = ?, watermark = 1 WHERE device_id = 'old'")
+        .bind(now - 2 * day)
+        .execute(&db)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE devices SET expired_at = ? WHERE device_id = 'recent'")
+        .bind(now - day / 24)
+        .execute(&db)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the janitor forgot the device expired two days ago", || async {
+        let left: Vec<String> = sqlx::query_scalar("SELECT CAST(device_id AS CHAR) FROM devices ORDER BY device_id")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+        (left == ["recent"]).then_some(())
+    })
+    .await;
+    // It returns (on another gateway, which has never seen it): registered anew.
+    c.start_gateway(&[]).await;
+    c.client(1, "alice", "old").list_conversations(10, None).await.unwrap();
+    let watermark: u64 = sqlx::query_scalar("SELECT watermark FROM devices WHERE device_id = 'old'")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    let age_ms = now_ms().saturating_sub(MsgId(watermark).unix_ms());
+    assert!(age_ms < 5 * 60_000, "a new device's watermark is about now, not 1: {age_ms} ms old");
+}
