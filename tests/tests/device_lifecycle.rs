@@ -21,16 +21,15 @@ async fn devices_in_use_are_not_expired_under_a_short_ttl() {
     // Both were last written 40 s ago, as if they had been in use that long: unless
     // refreshed within a quarter of the TTL, they would expire 20 s from now.
     let db = c.db().await;
-    sqlx::query("UPDATE devices SET last_seen_at = ?")
-        .bind(now_ms() as i64 - 40_000)
-        .execute(&db)
-        .await
-        .unwrap();
+    sqlx::query("UPDATE devices SET last_seen_at = ?").bind(now_ms() as i64 - 40_000).execute(&db).await.unwrap();
     let started = now_ms() as i64;
     for i in 0..25 {
         alice.send(&format!("m{i}"), "ab", &json!(i)).await.unwrap();
         let expired: Vec<String> =
-            sqlx::query_scalar("SELECT CAST(device_id AS CHAR) FROM devices WHERE expired_at IS NOT NULL").fetch_all(&db).await.unwrap();
+            sqlx::query_scalar("SELECT CAST(device_id AS CHAR) FROM devices WHERE expired_at IS NOT NULL")
+                .fetch_all(&db)
+                .await
+                .unwrap();
         assert!(expired.is_empty(), "devices in use were expired after {i} s: {expired:?}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -78,10 +77,8 @@ async fn a_device_expired_long_ago_is_forgotten_and_returns_as_new() {
     // It returns (on another gateway, which has never seen it): registered anew.
     c.start_gateway(&[]).await;
     c.client(1, "alice", "old").list_conversations(10, None).await.unwrap();
-    let watermark: u64 = sqlx::query_scalar("SELECT watermark FROM devices WHERE device_id = 'old'")
-        .fetch_one(&db)
-        .await
-        .unwrap();
+    let watermark: u64 =
+        sqlx::query_scalar("SELECT watermark FROM devices WHERE device_id = 'old'").fetch_one(&db).await.unwrap();
     let age_ms = now_ms().saturating_sub(MsgId(watermark).unix_ms());
     assert!(age_ms < 5 * 60_000, "a new device's watermark is about now, not 1: {age_ms} ms old");
 }

@@ -1,7 +1,10 @@
 //! The commit pipeline: one MySQL transaction per batch of ingress entries.
 //!
-//! In one transaction: dedup by (tenant, sender, cmid); lock the conversations in a
-//! fixed order; check membership; number the messages (`seq`) in stream order; insert
+//! A batch holds the entries of one shard or of several (a group commit, see
+//! `group.rs`), with the fencing token of each.
+//!
+//! In one transaction: check the fencing tokens; dedup by (tenant, sender, cmid);
+//! lock the conversations in a fixed order; check membership; number the messages (`seq`) in stream order; insert
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns.
 
@@ -159,20 +162,23 @@ impl CommitPipeline {
         &self,
         entries: &[IngressEntry],
         ids: &IdSource,
-        fence: Fence,
+        fences: &[Fence],
     ) -> Result<BatchResult, CommitError> {
         let started = Instant::now();
         let mut tx = self.db.begin().await?;
         let now = now_ms();
-        // 0. Still the shard's owner? The shared lock holds a new owner's token bump off
-        // until this transaction ends.
-        let token: Option<u64> =
-            sqlx::query_scalar("SELECT token FROM shard_fences WHERE shard = ? LOCK IN SHARE MODE")
-                .bind(fence.shard)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if token != Some(fence.token) {
-            return Err(CommitError::Fenced(fence.shard));
+        // 0. Still the owner of every shard of the batch? The shared lock holds a new
+        // owner's token bump off until this transaction ends.
+        let mut q = QueryBuilder::<MySql>::new("SELECT shard, token FROM shard_fences WHERE shard IN (");
+        let mut sep = q.separated(", ");
+        for f in fences {
+            sep.push_bind(f.shard);
+        }
+        q.push(") LOCK IN SHARE MODE");
+        let tokens: HashMap<u32, u64> =
+            q.build_query_as::<(u32, u64)>().fetch_all(&mut *tx).await?.into_iter().collect();
+        if let Some(f) = fences.iter().find(|f| tokens.get(&f.shard) != Some(&f.token)) {
+            return Err(CommitError::Fenced(f.shard));
         }
 
         // 1. Repeats of already committed messages.

@@ -63,7 +63,7 @@ impl ShardCommitter<'_> {
                 if !keep_going() {
                     return None;
                 }
-                let e = match self.pipeline.commit(&entries[range.clone()], self.ids, self.fence).await {
+                let e = match self.pipeline.commit(&entries[range.clone()], self.ids, &[self.fence]).await {
                     Ok(result) => {
                         done.push((range, result));
                         break;

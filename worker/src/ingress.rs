@@ -15,13 +15,13 @@ use fred::prelude::*;
 use fred::types::streams::XReadValue;
 use herald_shared::ids::now_ms;
 use herald_shared::keys::INGRESS_GROUP;
-use herald_shared::protocol::{IngressRequest, NodeEnvelope, SendNotice, SendOutcome};
+use herald_shared::protocol::{IngressRequest, NodeEnvelope, SendNotice};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::commit::{Fence, Outcome};
-use crate::committer::ShardCommitter;
+use crate::commit::Fence;
 use crate::context::WorkerContext;
+use crate::group::{publish, CommitQueue, CommitRequest};
 use crate::lease::Lease;
 
 type Entry = XReadValue<String, String, String>;
@@ -35,12 +35,13 @@ struct OwnedShard {
 
 pub struct ShardBalancer {
     shared: Arc<WorkerContext>,
+    commits: CommitQueue,
     owned: BTreeMap<u32, OwnedShard>,
 }
 
 impl ShardBalancer {
-    pub fn new(shared: Arc<WorkerContext>) -> Self {
-        ShardBalancer { shared, owned: BTreeMap::new() }
+    pub fn new(shared: Arc<WorkerContext>, commits: CommitQueue) -> Self {
+        ShardBalancer { shared, commits, owned: BTreeMap::new() }
     }
 
     pub async fn run(mut self, cancel: CancellationToken) {
@@ -168,6 +169,7 @@ impl ShardBalancer {
                         shared: s.clone(),
                         lease: lease.clone(),
                         fence,
+                        commits: self.commits.clone(),
                     };
                     let task = tokio::spawn(consumer.run(cancel.clone()));
                     self.owned.insert(shard, OwnedShard { lease, cancel, task });
@@ -186,6 +188,7 @@ pub struct IngressShard {
     lease: Arc<Lease>,
     /// Taken with the lease: commits of a worker whose lease lapsed are refused.
     fence: Fence,
+    commits: CommitQueue,
 }
 
 impl IngressShard {
@@ -268,7 +271,8 @@ impl IngressShard {
         }
     }
 
-    /// Commits, answers, fans out and acknowledges one batch. `Ok(false)` when the
+    /// Commits (through the group committer, which answers and fans out) and
+    /// acknowledges one batch. `Ok(false)` when the
     /// shard must stop (lease lost or shutdown) with the batch left pending.
     async fn process(&self, client: &Client, entries: Vec<Entry>, cancel: &CancellationToken) -> Result<bool, Error> {
         let s = &self.shared;
@@ -289,38 +293,22 @@ impl IngressShard {
             }
         }
 
-        let committer = ShardCommitter {
-            pipeline: &s.commit,
-            ids: &s.ids,
-            fence: self.fence,
-            max_bytes: s.cfg.worker.batch_max_bytes,
-        };
-        let Some(results) = committer.commit(&valid, || !cancel.is_cancelled() && self.lease.is_valid()).await else {
-            return Ok(false);
-        };
-
-        // Answers to the waiting gateways, right after COMMIT.
-        let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
-        let answered = results.iter().flat_map(|(range, r)| valid[range.clone()].iter().zip(&r.outcomes));
-        for (e, outcome) in answered {
-            let outcome = match outcome {
-                Outcome::Done(r) => {
-                    if r.dup {
-                        metrics::counter!("herald_messages_duplicate_total").increment(1);
-                    }
-                    SendOutcome::Ok(r.clone())
-                }
-                Outcome::Rejected(code, message) => {
-                    metrics::counter!("herald_send_rejected_total", "code" => code.as_str()).increment(1);
-                    SendOutcome::Err { code: *code, message: message.clone() }
-                }
+        if !valid.is_empty() {
+            // Committed with the batches of the worker's other shards waiting now; answered
+            // and handed to the fan-out by the group committer.
+            let (done, committed) = tokio::sync::oneshot::channel();
+            let request = CommitRequest {
+                entries: valid,
+                fence: self.fence,
+                lease: self.lease.clone(),
+                cancel: cancel.clone(),
+                done,
             };
-            by_node.entry(e.node.as_str()).or_default().sent.push(SendNotice {
-                rid: e.rid,
-                echo: Some(e.echo()),
-                outcome,
-            });
+            if self.commits.send(request).await.is_err() || !committed.await.unwrap_or(false) {
+                return Ok(false);
+            }
         }
+
         // Reads after the sends of the batch, so a read of a message in it is not capped.
         if !reads.is_empty() {
             let outcomes = loop {
@@ -336,6 +324,7 @@ impl IngressShard {
                     }
                 }
             };
+            let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
             for (r, outcome) in reads.iter().zip(outcomes) {
                 by_node.entry(r.node.as_str()).or_default().sent.push(SendNotice {
                     rid: r.rid,
@@ -343,36 +332,8 @@ impl IngressShard {
                     outcome,
                 });
             }
-        }
-        let pipe = client.pipeline();
-        for (node, env) in &by_node {
-            let payload = serde_json::to_string(env).expect("envelope serializes");
-            let _: () = pipe.publish(s.keys.node_channel(node), payload).await?;
-        }
-        if let Err(e) = pipe.all::<Value>().await {
-            // The senders time out and resend with the same cmid; they get `dup: true`.
-            tracing::warn!(error = %e, "could not publish send notices");
-        }
-
-        // Fan-out, immediately; the outbox row covers any failure.
-        for (_, result) in &results {
-            let Some(outbox_id) = result.outbox_id else { continue };
-            match s.fanout.deliver_to(&result.committed, &result.recipients).await {
-                Ok(()) => {
-                    s.fanout.remember_done(outbox_id).await;
-                    if s.sent_marks.try_send(outbox_id).is_err() {
-                        tracing::debug!(
-                            outbox = outbox_id,
-                            "SENT marker queue full; the dispatcher will redo the event"
-                        );
-                    }
-                }
-                Err(e) => {
-                    metrics::counter!("herald_fanout_errors_total").increment(1);
-                    if let Err(db) = s.outbox.mark_failed(outbox_id, 0, &e.to_string()).await {
-                        tracing::warn!(outbox = outbox_id, error = %db, "could not record the failed fan-out; the dispatcher will redo it");
-                    }
-                }
+            if let Err(e) = publish(&s.redis, &s.keys, &by_node).await {
+                tracing::warn!(error = %e, "could not publish read notices");
             }
         }
         // Committed entries leave the stream: it holds only work not yet done.

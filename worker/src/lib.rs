@@ -20,6 +20,7 @@ pub mod commit;
 pub mod committer;
 pub mod context;
 pub mod fanout;
+pub mod group;
 pub mod ingress;
 pub mod janitor;
 pub mod lease;
@@ -132,9 +133,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tracing::info!(node = %shared.cfg.node_id, admin = %listener.local_addr().map_err(|source| WorkerError::Bind { addr: admin_addr, source })?, "worker started");
 
     let process = Process::new();
+    let (commits, committer, fanouts) = group::group_commit(shared.clone());
+    process.spawn_supervised("group_committer", Criticality::Critical, move |c| committer.clone().run(c));
+    process.spawn_supervised("fanout_stage", Criticality::Critical, move |c| fanouts.clone().run(c));
     let balancer = shared.clone();
     process.spawn_supervised("shard_balancer", Criticality::Critical, move |c| {
-        ShardBalancer::new(balancer.clone()).run(c)
+        ShardBalancer::new(balancer.clone(), commits.clone()).run(c)
     });
     let dispatcher =
         OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) };

@@ -14,6 +14,11 @@ section! {
         /// Its statement must stay below the server's `max_allowed_packet`; one message
         /// always goes, whatever its size.
         pub batch_max_bytes: usize = "4194304",
+        /// MySQL transactions of sends a worker runs at once.
+        ///
+        /// While all are busy, the batches its shards read meanwhile wait and are then
+        /// committed together in one transaction (group commit).
+        pub commits_in_flight: usize = "4",
         /// How long one XREADGROUP blocks waiting for entries.
         pub batch_block_ms: u64 = "1000",
         /// Lease time of shard ownership and of the snowflake worker id; renewed at a third.
@@ -80,6 +85,9 @@ impl WorkerConfig {
         }
         if self.janitor_interval_ms < 100 {
             bad.push("worker.janitor_interval_ms", "must be at least 100");
+        }
+        if !(1..=64).contains(&self.commits_in_flight) {
+            bad.push("worker.commits_in_flight", "must be 1..=64");
         }
         if self.batch_max_bytes < 1_024 {
             bad.push("worker.batch_max_bytes", "must be at least 1024");

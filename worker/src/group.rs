@@ -1,0 +1,280 @@
+//! Group commit: the shards a worker owns commit together.
+//!
+//! Each shard's consumer hands its batch to the worker's [`GroupCommitter`] and
+//! waits. The committer runs up to `worker.commits_in_flight` transactions at once;
+//! when a slot is free it takes every batch waiting at that moment (no linger: a lone
+//! batch goes at once) and commits them in one transaction. So at low load a batch
+//! commits as soon as it is read, and under load, while the slots are busy, batches
+//! group up and share a transaction's cost (its round trips and its fsync); a commit
+//! stuck on a lock holds one slot, not the worker. A shard still waits for its batch
+//! before reading the next, so each stream's order is kept, and two transactions in
+//! flight never hold the same shard (so never the same conversation). When the group fails, each batch runs on its own through the shard's
+//! [`ShardCommitter`] (retries, poison isolation, fencing), so one shard's trouble
+//! stays its own.
+//!
+//! After COMMIT the committer answers the senders, then hands the fan-out to the
+//! [`FanoutStage`], in commit order, and goes on to the next commit while it runs.
+//! (Messages of one conversation are in one shard, so their fan-outs keep its order.)
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fred::prelude::*;
+use herald_shared::protocol::{IngressEntry, NodeEnvelope, SendNotice, SendOutcome};
+use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::commit::{BatchResult, Fence, Outcome};
+use crate::committer::ShardCommitter;
+use crate::context::WorkerContext;
+use crate::lease::Lease;
+
+/// One shard's batch, waiting to be committed.
+pub struct CommitRequest {
+    pub entries: Vec<IngressEntry>,
+    pub fence: Fence,
+    pub lease: Arc<Lease>,
+    pub cancel: CancellationToken,
+    /// `true` once committed (or refused) and answered; `false` when the shard must
+    /// stop with its batch left pending (lease lost, shutdown, shard taken over).
+    pub done: oneshot::Sender<bool>,
+}
+
+impl CommitRequest {
+    fn keep_going(&self) -> bool {
+        !self.cancel.is_cancelled() && self.lease.is_valid()
+    }
+
+    fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.body.len()).sum()
+    }
+}
+
+/// Where shards send their batches.
+pub type CommitQueue = mpsc::Sender<CommitRequest>;
+
+/// Batches waiting at most: one per shard is the most there can be.
+const QUEUE: usize = 1_024;
+/// Fan-outs waiting at most; past it commits wait, so Redis sets the pace.
+const FANOUT_QUEUE: usize = 16;
+
+/// The worker's committer, restartable (its queues outlive a restart).
+#[derive(Clone)]
+pub struct GroupCommitter {
+    shared: Arc<WorkerContext>,
+    rx: Arc<Mutex<mpsc::Receiver<CommitRequest>>>,
+    fanouts: mpsc::Sender<BatchResult>,
+}
+
+/// The fan-out of committed batches, one after another in commit order.
+#[derive(Clone)]
+pub struct FanoutStage {
+    shared: Arc<WorkerContext>,
+    rx: Arc<Mutex<mpsc::Receiver<BatchResult>>>,
+}
+
+/// The queue shards send to, the committer and its fan-out stage.
+pub fn group_commit(shared: Arc<WorkerContext>) -> (CommitQueue, GroupCommitter, FanoutStage) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let (ftx, frx) = mpsc::channel(FANOUT_QUEUE);
+    (
+        tx,
+        GroupCommitter { shared: shared.clone(), rx: Arc::new(Mutex::new(rx)), fanouts: ftx },
+        FanoutStage { shared, rx: Arc::new(Mutex::new(frx)) },
+    )
+}
+
+impl GroupCommitter {
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut rx = self.rx.lock().await;
+        let slots = Arc::new(Semaphore::new(self.shared.cfg.worker.commits_in_flight));
+        let running = TaskTracker::new();
+        let mut next: Option<CommitRequest> = None;
+        loop {
+            // A free slot first: while every slot is busy, batches wait and group up.
+            let permit = tokio::select! {
+                _ = cancel.cancelled() => break,
+                p = slots.clone().acquire_owned() => p.expect("never closed"),
+            };
+            let first = match next.take() {
+                Some(r) => r,
+                None => tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    r = rx.recv() => match r { Some(r) => r, None => break },
+                },
+            };
+            // Everything waiting now, within one transaction's limits.
+            let cfg = &self.shared.cfg.worker;
+            let (mut count, mut bytes) = (first.entries.len(), first.bytes());
+            let mut group = vec![first];
+            while let Ok(r) = rx.try_recv() {
+                if count + r.entries.len() > cfg.batch_max || bytes + r.bytes() > cfg.batch_max_bytes {
+                    next = Some(r);
+                    break;
+                }
+                (count, bytes) = (count + r.entries.len(), bytes + r.bytes());
+                group.push(r);
+            }
+            let (me, cancel) = (self.clone(), cancel.clone());
+            running.spawn(async move {
+                me.commit(group, &cancel).await;
+                drop(permit);
+            });
+        }
+        // Stopping: commits under way finish; what waits stays pending in its stream,
+        // for the next owner.
+        running.close();
+        running.wait().await;
+        for r in next.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            let _ = r.done.send(false);
+        }
+    }
+
+    async fn commit(&self, group: Vec<CommitRequest>, cancel: &CancellationToken) {
+        let s = &self.shared;
+        let (group, gone): (Vec<_>, Vec<_>) = group.into_iter().partition(CommitRequest::keep_going);
+        for r in gone {
+            let _ = r.done.send(false);
+        }
+        metrics::histogram!("herald_worker_group_batches").record(group.len() as f64);
+        let mut results: Vec<(CommitRequest, Vec<Outcome>)> = Vec::with_capacity(group.len());
+        let mut committed: Vec<BatchResult> = Vec::new();
+        // Together first; on any failure, each on its own.
+        let together = if group.len() > 1 {
+            let entries: Vec<IngressEntry> = group.iter().flat_map(|r| r.entries.iter().cloned()).collect();
+            let fences: Vec<Fence> = group.iter().map(|r| r.fence).collect();
+            match s.commit.commit(&entries, &s.ids, &fences).await {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, batches = group.len(), "group commit failed; committing each batch alone");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        match together {
+            Some(mut result) => {
+                let mut outcomes = std::mem::take(&mut result.outcomes).into_iter();
+                for r in group {
+                    let mine: Vec<Outcome> = outcomes.by_ref().take(r.entries.len()).collect();
+                    results.push((r, mine));
+                }
+                committed.push(result);
+            }
+            None => {
+                for r in group {
+                    let committer = ShardCommitter {
+                        pipeline: &s.commit,
+                        ids: &s.ids,
+                        fence: r.fence,
+                        max_bytes: s.cfg.worker.batch_max_bytes,
+                    };
+                    let Some(parts) = committer.commit(&r.entries, || r.keep_going()).await else {
+                        let _ = r.done.send(false);
+                        continue;
+                    };
+                    let mut mine = Vec::with_capacity(r.entries.len());
+                    for (_, mut part) in parts {
+                        mine.append(&mut part.outcomes);
+                        committed.push(part);
+                    }
+                    results.push((r, mine));
+                }
+            }
+        }
+        self.answer(&results).await;
+        for result in committed.into_iter().filter(|r| r.outbox_id.is_some()) {
+            // A fan-out stage gone (stopping, restarting) leaves the event to the outbox
+            // dispatcher, which redoes it after `outbox.first_retry_delay_ms`.
+            tokio::select! {
+                _ = self.fanouts.send(result) => {}
+                _ = cancel.cancelled() => {}
+            }
+        }
+        for (r, _) in results {
+            let _ = r.done.send(true);
+        }
+    }
+
+    /// Answers the waiting gateways, one message per node.
+    async fn answer(&self, results: &[(CommitRequest, Vec<Outcome>)]) {
+        let s = &self.shared;
+        let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
+        for (e, outcome) in results.iter().flat_map(|(r, o)| r.entries.iter().zip(o)) {
+            let outcome = match outcome {
+                Outcome::Done(r) => {
+                    if r.dup {
+                        metrics::counter!("herald_messages_duplicate_total").increment(1);
+                    }
+                    SendOutcome::Ok(r.clone())
+                }
+                Outcome::Rejected(code, message) => {
+                    metrics::counter!("herald_send_rejected_total", "code" => code.as_str()).increment(1);
+                    SendOutcome::Err { code: *code, message: message.clone() }
+                }
+            };
+            by_node.entry(e.node.as_str()).or_default().sent.push(SendNotice {
+                rid: e.rid,
+                echo: Some(e.echo()),
+                outcome,
+            });
+        }
+        if let Err(e) = publish(&s.redis, &s.keys, &by_node).await {
+            // The senders time out and resend with the same cmid; they get `dup: true`.
+            tracing::warn!(error = %e, "could not publish send notices");
+        }
+    }
+}
+
+/// Publishes envelopes to their nodes' channels in one pipeline.
+pub async fn publish(
+    redis: &Pool,
+    keys: &herald_shared::keys::Keys,
+    by_node: &BTreeMap<&str, NodeEnvelope>,
+) -> Result<(), Error> {
+    if by_node.is_empty() {
+        return Ok(());
+    }
+    let pipe = redis.next().pipeline();
+    for (node, env) in by_node {
+        let payload = serde_json::to_string(env).expect("envelope serializes");
+        let _: () = pipe.publish(keys.node_channel(node), payload).await?;
+    }
+    pipe.all::<Value>().await.map(|_| ())
+}
+
+impl FanoutStage {
+    pub async fn run(self, cancel: CancellationToken) {
+        let s = &self.shared;
+        let mut rx = self.rx.lock().await;
+        loop {
+            let result = tokio::select! {
+                // Stopping: the few fan-outs still queued are done first (the outbox
+                // would redo them, later).
+                _ = cancel.cancelled() => match rx.try_recv() { Ok(r) => r, Err(_) => return },
+                r = rx.recv() => match r { Some(r) => r, None => return },
+            };
+            let Some(outbox_id) = result.outbox_id else { continue };
+            match s.fanout.deliver_to(&result.committed, &result.recipients).await {
+                Ok(()) => {
+                    s.fanout.remember_done(outbox_id).await;
+                    if s.sent_marks.try_send(outbox_id).is_err() {
+                        tracing::debug!(
+                            outbox = outbox_id,
+                            "SENT marker queue full; the dispatcher will redo the event"
+                        );
+                    }
+                }
+                Err(e) => {
+                    metrics::counter!("herald_fanout_errors_total").increment(1);
+                    if let Err(db) = s.outbox.mark_failed(outbox_id, 0, &e.to_string()).await {
+                        tracing::warn!(outbox = outbox_id, error = %db,
+                            "could not record the failed fan-out; the dispatcher will redo it");
+                    }
+                }
+            }
+        }
+    }
+}
