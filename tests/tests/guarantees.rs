@@ -9,7 +9,7 @@ use herald_client::{WsClient, WsEvent};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{Hello, Message, ServerFrame};
 use herald_tests::faults::signal;
-use herald_tests::{ack_frame, Cluster};
+use herald_tests::{ack_frame, eventually, pending_ids, Cluster};
 use serde_json::json;
 
 /// Reads a session to its `caught_up`, acking each page as it comes; the messages in
@@ -54,6 +54,14 @@ async fn a_device_over_its_pending_cap_gets_every_message_in_order() {
     for k in 0..300 {
         sent.push(alice.send_until_committed(&format!("m{k}"), "ab", &json!({ "k": k }), 50).await.unwrap());
     }
+    // The fan-out follows the answer: wait for the last message to be pending, so that
+    // all 300 are backlog (realtime pushes may overtake a backlog, section 4.4).
+    let (redis, keys, last) = (c.redis().await, c.keys(), sent[299].id.0);
+    eventually(Duration::from_secs(10), "the last message pending", || {
+        let (redis, keys) = (redis.clone(), keys.clone());
+        async move { pending_ids(&redis, &keys, "bob", "phone").await.contains(&last).then_some(()) }
+    })
+    .await;
 
     let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "phone")).await.unwrap();
     let hello = ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
