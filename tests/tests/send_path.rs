@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::SendResult;
+use herald_tests::drill::metric;
 use herald_tests::{eventually, pending_ids, Cluster, TENANT};
 use serde_json::json;
 use sqlx::Row;
@@ -102,6 +103,9 @@ async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
         assert!(r.dup, "a repeat of {key:?} was not answered with dup: true");
         assert_eq!((r.id, r.seq), (f.id, f.seq), "a repeat of {key:?} got another id/seq");
     }
+    // Batches are inserted without looking for repeats first; the unique key found them.
+    let rerun = metric(&c.workers[0].admin_url(), "herald_batches_with_repeats_total").await;
+    assert!(rerun > 0.0, "no batch met a repeat by its unique key");
 
     let db = c.db().await;
     let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();

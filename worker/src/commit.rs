@@ -3,10 +3,12 @@
 //! A batch holds the entries of one shard or of several (a group commit, see
 //! `group.rs`), with the fencing token of each.
 //!
-//! In one transaction: check the fencing tokens; dedup by (tenant, sender, cmid);
-//! lock the conversations in a fixed order; check membership; number the messages (`seq`) in stream order; insert
+//! In one transaction: check the fencing tokens; lock the conversations in a
+//! fixed order; check membership; number the messages (`seq`) in stream order; insert
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns.
+//! Repeats of committed messages (same tenant, sender and cmid) are refused by the
+//! unique key; only then does the batch run again, looking them up first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
@@ -129,6 +131,26 @@ impl BatchResult {
     }
 }
 
+/// How repeats of committed messages are found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dedup {
+    /// The insert fails on the unique key if there is one (no extra round trip).
+    ByUniqueKey,
+    /// Looked up first, and answered with the first commit.
+    Lookup,
+}
+
+/// A message insert refused because (tenant, sender, cmid) was committed before.
+fn is_repeat(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => {
+            d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1062)
+                && d.message().contains("uq_client_msg")
+        }
+        _ => false,
+    }
+}
+
 #[derive(Debug)]
 pub struct CommitPipeline {
     db: MySqlPool,
@@ -158,11 +180,31 @@ impl CommitPipeline {
         CommitPipeline { db, first_retry_delay_ms, max_id_age_ms: sync_settle_ms / 2, device_ttl_ms }
     }
 
+    /// Commits the batch. Repeats are rare (a client resending after a timeout, a batch
+    /// taken over after a crash), so the batch is first inserted without looking for
+    /// them: the unique key on (tenant, sender, cmid) refuses a repeat, and only then is
+    /// the batch run again with the lookup.
     pub async fn commit(
         &self,
         entries: &[IngressEntry],
         ids: &IdSource,
         fences: &[Fence],
+    ) -> Result<BatchResult, CommitError> {
+        match self.commit_with(entries, ids, fences, Dedup::ByUniqueKey).await {
+            Err(CommitError::Db(e)) if is_repeat(&e) => {
+                metrics::counter!("herald_batches_with_repeats_total").increment(1);
+                self.commit_with(entries, ids, fences, Dedup::Lookup).await
+            }
+            other => other,
+        }
+    }
+
+    async fn commit_with(
+        &self,
+        entries: &[IngressEntry],
+        ids: &IdSource,
+        fences: &[Fence],
+        dedup: Dedup,
     ) -> Result<BatchResult, CommitError> {
         let started = Instant::now();
         let mut tx = self.db.begin().await?;
@@ -181,9 +223,9 @@ impl CommitPipeline {
             return Err(CommitError::Fenced(f.shard));
         }
 
-        // 1. Repeats of already committed messages.
+        // 1. Repeats of already committed messages (when a first try found there are).
         let mut existing: HashMap<(String, String, String), SendResult> = HashMap::new();
-        if !entries.is_empty() {
+        if dedup == Dedup::Lookup && !entries.is_empty() {
             let mut q = QueryBuilder::<MySql>::new(
                 "SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at FROM messages WHERE ",
             );
