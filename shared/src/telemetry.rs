@@ -24,9 +24,25 @@ pub fn init_metrics() -> PrometheusHandle {
         .build_recorder();
     let handle = recorder.handle();
     // A second install (tests start several servers in one process) keeps the first.
-    let _ = metrics::set_global_recorder(recorder);
+    if metrics::set_global_recorder(recorder).is_ok() {
+        // Histograms keep every sample until they are folded into their buckets, which
+        // a scrape does; without this a process nobody scrapes grows with its traffic.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let upkeep = handle.clone();
+            runtime.spawn(async move {
+                let mut every = tokio::time::interval(UPKEEP_EVERY);
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+        }
+    }
     handle
 }
+
+/// How often histogram samples are folded into their buckets when nobody scrapes.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Completes on SIGTERM or Ctrl-C: the shutdown future every binary hands to `run`.
 pub async fn shutdown_signal() {
