@@ -11,6 +11,8 @@ use herald_shared::auth::Platform;
 
 use anyhow::{ensure, Context};
 
+use crate::sampler::AdminUrl;
+
 mod soak;
 pub use soak::Soak;
 
@@ -111,6 +113,21 @@ pub struct TargetArgs {
     /// Loopback addresses devices connect from, in turn (more ports than one address has).
     #[arg(long, value_name = "IP,...", value_delimiter = ',', action = ArgAction::Set)]
     pub local_ips: Vec<IpAddr>,
+    #[command(flatten)]
+    pub measure: Measure,
+}
+
+/// Where the processes' CPU (and, in `soak`, their memory) is read.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Measure {
+    /// A Herald process's admin listener ([NAME=]URL): its /metrics give its CPU (and, in
+    /// soak, its RSS); repeat for more.
+    #[arg(long = "admin", value_name = "[NAME=]URL", action = ArgAction::Append)]
+    pub admins: Vec<AdminUrl>,
+    /// The cluster's Redis (standalone): its CPU from INFO cpu; soak also samples its memory
+    /// and keys [soak's default: redis://127.0.0.1:6379/0].
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
 }
 
 /// Options `sends` and `probe` accept because every command once shared them; unused.

@@ -72,7 +72,8 @@ fn soak_defaults_admin_urls_and_exemptions() {
     assert_eq!((s.leave_pct, s.join_pct, s.reconnect_pct, s.max_growth), (2.0, 2.0, 5.0, 0.10));
     assert_eq!(s.exempt, ["rows.messages"]);
     assert_eq!(s.redis_prefix, "hd");
-    assert!(s.admins.is_empty());
+    assert!(s.admins().is_empty());
+    assert_eq!(s.redis_url(), "redis://127.0.0.1:6379/0");
     let Command::Soak(s) = parse(&[
         "soak",
         "--admin",
@@ -87,7 +88,7 @@ fn soak_defaults_admin_urls_and_exemptions() {
     .unwrap() else {
         panic!("soak")
     };
-    let admins: Vec<(&str, &str)> = s.admins.iter().map(|a| (a.name.as_str(), a.url.as_str())).collect();
+    let admins: Vec<(&str, &str)> = s.admins().iter().map(|a| (a.name.as_str(), a.url.as_str())).collect();
     assert_eq!(admins, [("wk-1", "http://127.0.0.1:9191"), ("127.0.0.1:9190", "http://127.0.0.1:9190")]);
     assert_eq!((s.exempt.as_slice(), s.warmup_s()), (&["none".to_string()][..], 3.0));
     assert!(parse(&["soak", "--admin", "127.0.0.1:9190"]).is_err(), "an admin URL has a scheme");

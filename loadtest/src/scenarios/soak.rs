@@ -57,9 +57,9 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
         "per_churn": {"leave": leave, "join": join, "reconnect": reconnect},
         "sample_every_s": args.sample_every, "warmup_s": warmup, "max_growth": args.max_growth,
         "floor_count": args.floor_count, "floor_mib": args.floor_mib, "exempt": args.exempt,
-        "redis_prefix": args.redis_prefix, "processes": args.admins.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+        "redis_prefix": args.redis_prefix, "processes": args.admins().iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
     });
-    let sampler = Sampler::connect(&args.redis_url, &args.redis_prefix, &args.mysql_url, &args.admins).await?;
+    let sampler = Sampler::connect(args.redis_url(), &args.redis_prefix, &args.mysql_url, args.admins()).await?;
 
     let convs = pairs(&target, n);
     engine::provision(&target, &convs, "direct").await?;
