@@ -6,6 +6,7 @@
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).
 //! - [`probe`]: the canary between probe accounts, with `herald_probe_*` metrics.
 //! - [`engine`]: provisioning, devices, senders, settling and the check.
+//! - [`cpu`]: CPU per message of every process, read before and after the send window.
 //! - [`recorder`]: histograms, per-tick series and the progress line.
 //! - [`integrity`]: the check (tested on doctored logs).
 //! - [`report`]: JSON, Markdown, SVG charts and the capacity report.
@@ -14,6 +15,7 @@
 //! - [`soak_report`]: the soak's series judged, their table and charts.
 
 pub mod cli;
+pub mod cpu;
 pub mod engine;
 pub mod integrity;
 pub mod probe;

@@ -57,6 +57,7 @@ async fn run(command: Command) -> Result<i32> {
             "delivery_realtime_ms": scenario.delivery_realtime_ms,
             "delivery_backlog_ms": scenario.delivery_backlog_ms,
             "integrity": scenario.integrity,
+            "cpu_us_per_message": scenario.cpu.as_ref().map(|c| &c.us_per_message),
             "extra": without_samples(&scenario.extra),
         }))?
     );

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::cpu::CpuReport;
 use crate::engine::{Pct, Tick};
 use crate::integrity::IntegrityReport;
 
@@ -33,6 +34,9 @@ pub struct ScenarioReport {
     /// Sessions after a device's first (reconnects after a fault).
     pub reconnect_catch_up_ms: Pct,
     pub integrity: IntegrityReport,
+    /// What each process spent over the send window, per message (absent from older reports).
+    #[serde(default)]
+    pub cpu: Option<CpuReport>,
     pub series: Vec<Tick>,
     pub extra: Value,
 }
@@ -79,6 +83,9 @@ pub fn markdown(r: &ScenarioReport, prefix: &str) -> String {
         "\nIntegrity: {} acknowledged; **{} lost, {} shown twice, {} out of order**; {} repeats on the wire (dropped by id), {} recovered by `sync`.\n",
         i.acknowledged, i.lost, i.shown_twice, i.out_of_order, i.repeats_on_wire, i.recovered_by_sync
     );
+    if let Some(cpu) = &r.cpu {
+        s.push_str(&crate::cpu::markdown(cpu));
+    }
     if let Some(map) = r.extra.as_object() {
         let mut extra: Vec<String> = Vec::new();
         for (k, v) in map {
@@ -331,6 +338,24 @@ pub fn capacity(dir: &Path, out: &Path, machine: &str) -> Result<()> {
             i.recovered_by_sync,
             if r.reconnect_catch_up_ms.count > 0 { format!("{:.0}", r.reconnect_catch_up_ms.p99) } else { "-".into() }
         );
+    }
+    if reports.iter().any(|r| r.cpu.is_some()) {
+        s.push_str("\n## CPU per acknowledged message (µs, over each send window)\n\n| scenario | server | gateways | workers | mariadb | redis | load-test |\n|---|---|---|---|---|---|---|\n");
+        for r in reports.iter().filter(|r| r.cpu.is_some()) {
+            let per = &r.cpu.as_ref().expect("filtered").us_per_message;
+            let us = |n: &str| per.get(n).map_or("-".into(), |v| format!("{v:.0}"));
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {} | {} | {} | {} | {} |",
+                r.scenario,
+                us("server"),
+                us("gateways"),
+                us("workers"),
+                us("mariadb"),
+                us("redis"),
+                us("loadtest")
+            );
+        }
     }
     s.push_str("\n## Scenarios\n\n");
     for r in &reports {

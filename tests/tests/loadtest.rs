@@ -139,6 +139,55 @@ async fn steady_fanout_storm_and_idle_deliver_everything_and_report() {
     assert!(md.contains("| `storm` |"), "an integrity row per scenario");
 }
 
+/// `--admin NAME=URL` of every process and the cluster's `--redis-url`, for the CPU table.
+fn measure(c: &Cluster) -> Vec<String> {
+    let mut args: Vec<String> = c
+        .workers
+        .iter()
+        .chain(&c.gateways)
+        .flat_map(|p| ["--admin".to_string(), format!("{}={}", p.name, p.admin_url())])
+        .collect();
+    args.extend(["--redis-url".to_string(), c.redis_url.clone()]);
+    args
+}
+
+fn with<'a>(args: &[&'a str], more: &'a [String]) -> Vec<&'a str> {
+    args.iter().copied().chain(more.iter().map(String::as_str)).collect()
+}
+
+/// A total's CPU microseconds per acknowledged message.
+fn us_per_message(r: &Value, total: &str) -> f64 {
+    r["cpu"]["us_per_message"][total].as_f64().unwrap_or_else(|| panic!("no CPU per message for {total}: {}", r["cpu"]))
+}
+
+/// `steady` over HTTP with every process measured: the CPU each spent per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_reports_cpu_per_message_of_every_process() {
+    let c = cluster("lt-measure", 1).await;
+    let m = measure(&c);
+    let (code, r) = run(&c, &with(&["steady", "--conversations", "20", "--rate", "200", "--duration", "3"], &m)).await;
+    let r = r.expect("steady report");
+    assert_eq!(code, 0, "steady");
+    assert_clean(&r);
+    let cpu = &r["cpu"];
+    assert!(cpu["messages"].as_u64().unwrap() > 0 && cpu["window_s"].as_f64().unwrap() > 2.5, "{cpu}");
+    for total in ["gateways", "workers", "redis", "server", "loadtest"] {
+        assert!(us_per_message(&r, total) > 0.0, "{total}: {cpu}");
+    }
+    assert!(us_per_message(&r, "server") >= us_per_message(&r, "gateways") + us_per_message(&r, "workers"));
+    let names: Vec<&str> = cpu["processes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    for p in c.workers.iter().chain(&c.gateways) {
+        assert!(names.contains(&p.name.as_str()), "{} has its row: {names:?}", p.name);
+    }
+    assert!(names.contains(&"redis (INFO cpu)"), "{names:?}");
+    let md = std::fs::read_to_string(out_dir(&c).join("steady.md")).unwrap();
+    assert!(
+        md.contains("| process | CPU s | cores busy | µs per message | µs per delivery |")
+            && md.contains("| **server** |"),
+        "{md}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kills_a_gateway_and_a_worker_under_load_and_loses_nothing() {
     let c = cluster("lt-chaos", 2).await;

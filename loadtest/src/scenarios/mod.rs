@@ -13,7 +13,8 @@ use futures::future::join_all;
 use herald_client::device::{Device, DeviceLog};
 use serde_json::{json, Value};
 
-use crate::cli::{self, Action, Traffic};
+use crate::cli::{self, Action, Measure, Traffic};
+use crate::cpu::{self, CpuMeter, CpuReport, Snapshot};
 use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
 use crate::integrity::IntegrityReport;
 use crate::report::ScenarioReport;
@@ -91,6 +92,41 @@ fn reconnect_catch_ups(logs: &[(String, DeviceLog)]) -> Pct {
 struct Finished {
     integrity: IntegrityReport,
     logs: Vec<(String, DeviceLog)>,
+    /// What the send window cost (`None`: not measured).
+    cpu: Option<CpuReport>,
+}
+
+/// The CPU readings and counters at the start of the measured send window.
+struct Window {
+    cpu: Snapshot,
+    sends: u64,
+    delivered: u64,
+}
+
+impl Window {
+    async fn open(meter: &CpuMeter, rec: &Recorder) -> Window {
+        let cpu = meter.snapshot().await;
+        Window { cpu, sends: rec.sends.load(Ordering::Relaxed), delivered: rec.delivered.load(Ordering::Relaxed) }
+    }
+
+    /// What the window cost, per message acknowledged and delivery made in it.
+    async fn close(self, meter: &CpuMeter, rec: &Recorder) -> CpuReport {
+        let after = meter.snapshot().await;
+        let sends = rec.sends.load(Ordering::Relaxed) - self.sends;
+        let delivered = rec.delivered.load(Ordering::Relaxed) - self.delivered;
+        let c = cpu::account(&self.cpu, &after, sends, delivered, cpu::cores());
+        let us = |n: &str| c.us_per_message.get(n).map_or("-".into(), |v| format!("{v:.0}"));
+        rec.note(format!(
+            "CPU per message: server {} us (gateways {}, workers {}, mariadb {}, redis {}), load-test {} us",
+            us("server"),
+            us("gateways"),
+            us("workers"),
+            us("mariadb"),
+            us("redis"),
+            us("loadtest")
+        ));
+        c
+    }
 }
 
 fn report(
@@ -119,6 +155,7 @@ fn report(
         catch_up_ms: rec.catch_up(),
         reconnect_catch_up_ms: reconnect_catch_ups(&done.logs),
         integrity: done.integrity.clone(),
+        cpu: done.cpu.clone(),
         series: rec.series(),
         extra,
     }
@@ -126,11 +163,13 @@ fn report(
 
 /// Live traffic into `convs` for `duration`, then settle and check; `actions` run on
 /// their time. Shared by `steady`, `fanout` and `chaos`.
+#[allow(clippy::too_many_arguments)]
 async fn live(
     name: &'static str,
     traffic: &Traffic,
     actions: Vec<Action>,
     target: &Target,
+    measure: &Measure,
     convs: Vec<Conv>,
     kind: &str,
     params: Value,
@@ -139,6 +178,7 @@ async fn live(
     ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
     ensure!(traffic.duration >= 0.0, "--duration must be >= 0");
     let duration = Duration::from_secs_f64(traffic.duration);
+    let meter = CpuMeter::new(measure).await?;
 
     engine::provision(target, &convs, kind).await?;
     let users = receivers(&convs);
@@ -151,6 +191,7 @@ async fn live(
 
     let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
+    let window = Window::open(&meter, &rec).await;
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
     let send_start = Instant::now();
     let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
@@ -184,6 +225,7 @@ async fn live(
     join_all(senders).await;
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    let cpu = window.close(&meter, &rec).await;
     chaos.await?;
     let settle = engine::settle(&rec, users.len(), Duration::from_secs(3), Duration::from_secs(180)).await;
     rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
@@ -197,7 +239,7 @@ async fn live(
         "settle_s": settle.as_secs_f64(),
         "actions": *outcomes.lock().expect("outcomes"),
     });
-    let done = Finished { integrity, logs };
+    let done = Finished { integrity, logs, cpu: Some(cpu) };
     Ok(report(name, params, &rec, send_window, delivered_in_window, &done, extra))
 }
 
@@ -208,7 +250,7 @@ pub async fn steady(args: &cli::Steady) -> Result<ScenarioReport> {
     let (n, t) = (args.conversations, &args.traffic);
     ensure!(n > 0, "--conversations must be at least 1");
     let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
-    live("steady", t, Vec::new(), &target, pairs(&target, n), "direct", params).await
+    live("steady", t, Vec::new(), &target, &args.target.measure, pairs(&target, n), "direct", params).await
 }
 
 /// `fanout`: `--receivers` devices in groups of `--group` (up to 1 000), one sender
@@ -219,7 +261,7 @@ pub async fn fanout(args: &cli::Fanout) -> Result<ScenarioReport> {
     ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
     ensure!(n > 0, "--receivers must be at least 1");
     let params = json!({"receivers": n, "group": size, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
-    live("fanout", t, Vec::new(), &target, groups(&target, "", n, size), "group", params).await
+    live("fanout", t, Vec::new(), &target, &args.target.measure, groups(&target, "", n, size), "group", params).await
 }
 
 /// `chaos`: `steady` while each `--action SECONDS=COMMAND` runs at its time (kill a
@@ -230,5 +272,5 @@ pub async fn chaos(args: &cli::Chaos) -> Result<ScenarioReport> {
     ensure!(!args.action.is_empty(), "chaos needs at least one --action SECONDS=COMMAND");
     let actions: Vec<String> = args.action.iter().map(|a| format!("{}={}", a.at, a.command)).collect();
     let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "actions": actions, "gateways": target.gateways.len()});
-    live("chaos", t, args.action.clone(), &target, pairs(&target, n), "direct", params).await
+    live("chaos", t, args.action.clone(), &target, &args.target.measure, pairs(&target, n), "direct", params).await
 }

@@ -12,8 +12,9 @@ use futures::future::join_all;
 use serde_json::json;
 
 use super::churn::Fleet;
-use super::{pairs, receivers, report, Finished};
+use super::{pairs, receivers, report, Finished, Window};
 use crate::cli;
+use crate::cpu::CpuMeter;
 use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
 use crate::report::ScenarioReport;
 use crate::sampler::Sampler;
@@ -60,6 +61,8 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
         "redis_prefix": args.redis_prefix, "processes": args.admins().iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
     });
     let sampler = Sampler::connect(args.redis_url(), &args.redis_prefix, &args.mysql_url, args.admins()).await?;
+    let measure = cli::Measure { redis_url: Some(args.redis_url().to_owned()), ..args.target.measure.clone() };
+    let meter = CpuMeter::new(&measure).await?;
 
     let convs = pairs(&target, n);
     engine::provision(&target, &convs, "direct").await?;
@@ -77,6 +80,7 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
 
     let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
+    let window = Window::open(&meter, &rec).await;
     let send_start = Instant::now();
     let (sampling_stop, stopped) = tokio::sync::watch::channel(false);
     let sampling = tokio::spawn(sampler.run(Duration::from_secs_f64(args.sample_every), send_start, stopped));
@@ -107,6 +111,7 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
     join_all(senders).await;
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    let cpu = window.close(&meter, &rec).await;
     fleet.bring_back();
     let settle = engine::settle(&rec, fleet.live(), QUIET, Duration::from_secs(300)).await;
     rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
@@ -140,5 +145,13 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
         "settle_s": settle.as_secs_f64(),
         "soak": soak,
     });
-    Ok(report("soak", params, &rec, send_window, delivered_in_window, &Finished { integrity, logs }, extra))
+    Ok(report(
+        "soak",
+        params,
+        &rec,
+        send_window,
+        delivered_in_window,
+        &Finished { integrity, logs, cpu: Some(cpu) },
+        extra,
+    ))
 }
