@@ -96,7 +96,11 @@ fi
 STEADY=${STEADY_ARGS:-$STEADY} FANOUT=${FANOUT_ARGS:-$FANOUT} STORM=${STORM_ARGS:-$STORM}
 IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS} SOAK=${SOAK_ARGS:-$SOAK}
 gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
-lt() { "$HD_BIN/herald-loadtest" "$@" --gateways "$gws" --out "$OUT"; }
+# Every scenario reads each process's CPU (its admin /metrics; Redis's INFO) before and
+# after its send window, for the CPU per message of its report.
+measure=(--admin "wk-1=http://127.0.0.1:$HD_WK1_ADMIN" --admin "gw-1=http://127.0.0.1:$HD_GW1_ADMIN"
+  --admin "gw-2=http://127.0.0.1:$HD_GW2_ADMIN" --redis-url "$HERALD_REDIS_URL")
+lt() { "$HD_BIN/herald-loadtest" "$@" --gateways "$gws" --out "$OUT" "${measure[@]}"; }
 mkdir -p "$OUT"
 failed=""
 for s in $SCENARIOS; do
@@ -116,9 +120,7 @@ for s in $SCENARIOS; do
         --action "15=scripts/node.sh start wk-1" ;;
     soak)
       # samples this cluster: its Redis prefix, its database and every process's /metrics
-      lt soak --redis-url "$HERALD_REDIS_URL" --redis-prefix "$HERALD_REDIS_KEY_PREFIX" \
-        --mysql-url "$HERALD_MYSQL_URL" --admin "wk-1=http://127.0.0.1:$HD_WK1_ADMIN" \
-        --admin "gw-1=http://127.0.0.1:$HD_GW1_ADMIN" --admin "gw-2=http://127.0.0.1:$HD_GW2_ADMIN" $SOAK ;;
+      lt soak --redis-prefix "$HERALD_REDIS_KEY_PREFIX" --mysql-url "$HERALD_MYSQL_URL" $SOAK ;;
     *) log "unknown scenario $s"; exit 2 ;;
   esac || failed="$failed $s"
 done
