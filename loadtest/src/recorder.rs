@@ -1,7 +1,8 @@
 //! The recorder of a scenario: HDR histograms for the whole run and per-tick series,
-//! counters shared by senders and devices, and the progress line.
+//! counters shared by senders and devices, and the progress line. The histograms are
+//! sharded by thread: recording a send or a delivery takes no lock another thread holds.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,8 +57,8 @@ struct Hist {
 }
 
 impl Hist {
-    fn new() -> Mutex<Hist> {
-        Mutex::new(Hist { total: histogram(), window: histogram() })
+    fn new() -> Hist {
+        Hist { total: histogram(), window: histogram() }
     }
 
     fn record(&mut self, micros: u64) {
@@ -65,6 +66,29 @@ impl Hist {
         let _ = self.total.record(v);
         let _ = self.window.record(v);
     }
+}
+
+/// One shard of the recorder's histograms. Each thread records into its own shard, so
+/// devices and senders never wait on one another for a lock; the shards are merged
+/// when a tick or the report reads them.
+struct Shard {
+    send_ack: Hist,
+    realtime: Hist,
+    backlog: Histogram<u64>,
+    catch_up: Histogram<u64>,
+}
+
+impl Shard {
+    fn new() -> Mutex<Shard> {
+        Mutex::new(Shard { send_ack: Hist::new(), realtime: Hist::new(), backlog: histogram(), catch_up: histogram() })
+    }
+}
+
+/// This thread's number, for its shard.
+fn thread_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local!(static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed));
+    INDEX.with(|i| *i)
 }
 
 /// Counters and histograms shared by senders, devices and the progress display.
@@ -78,16 +102,15 @@ pub struct Recorder {
     /// `history` answers to the devices' `sync` (gaps being filled).
     pub histories: AtomicU64,
     pub online: AtomicI64,
-    send_ack: Mutex<Hist>,
-    realtime: Mutex<Hist>,
-    backlog: Mutex<Hist>,
-    catch_up: Mutex<Histogram<u64>>,
+    shards: Box<[Mutex<Shard>]>,
     series: Mutex<Vec<Tick>>,
     notes: Mutex<Vec<String>>,
 }
 
 impl Recorder {
     pub fn new() -> Arc<Recorder> {
+        // Twice the cores: the runtime's threads rarely share a shard.
+        let shards = (crate::cpu::cores() * 2).clamp(4, 64);
         Arc::new(Recorder {
             started: Instant::now(),
             sends: AtomicU64::new(0),
@@ -97,13 +120,37 @@ impl Recorder {
             caught_up: AtomicU64::new(0),
             histories: AtomicU64::new(0),
             online: AtomicI64::new(0),
-            send_ack: Hist::new(),
-            realtime: Hist::new(),
-            backlog: Hist::new(),
-            catch_up: Mutex::new(histogram()),
+            shards: (0..shards).map(|_| Shard::new()).collect(),
             series: Mutex::new(Vec::new()),
             notes: Mutex::new(Vec::new()),
         })
+    }
+
+    /// This thread's shard (uncontended but for the monitor's reads once a tick).
+    fn shard(&self) -> std::sync::MutexGuard<'_, Shard> {
+        self.shards[thread_index() % self.shards.len()].lock().expect("histograms")
+    }
+
+    /// One histogram of every shard, merged.
+    fn merged(&self, pick: impl Fn(&Shard) -> &Histogram<u64>) -> Histogram<u64> {
+        let mut out = histogram();
+        for s in self.shards.iter() {
+            out.add(pick(&s.lock().expect("histograms"))).expect("same bounds");
+        }
+        out
+    }
+
+    /// The current tick's values of one histogram at quantiles `q` (ms), over every
+    /// shard; the tick's histograms start again.
+    fn take_window(&self, pick: impl Fn(&mut Shard) -> &mut Histogram<u64>, q: &[f64]) -> Vec<f64> {
+        let mut h = histogram();
+        for s in self.shards.iter() {
+            let mut s = s.lock().expect("histograms");
+            let w = pick(&mut s);
+            h.add(&*w).expect("same bounds");
+            w.reset();
+        }
+        q.iter().map(|q| h.value_at_quantile(*q) as f64 / 1000.0).collect()
     }
 
     pub fn elapsed(&self) -> Duration {
@@ -112,7 +159,7 @@ impl Recorder {
 
     pub fn send_acked(&self, took: Duration) {
         self.sends.fetch_add(1, Ordering::Relaxed);
-        self.send_ack.lock().expect("histogram").record(took.as_micros() as u64);
+        self.shard().send_ack.record(took.as_micros() as u64);
     }
 
     /// A line in the series at the next tick (chaos actions, phase changes).
@@ -123,16 +170,16 @@ impl Recorder {
     }
 
     pub fn send_ack(&self) -> Pct {
-        Pct::of(&self.send_ack.lock().expect("histogram").total)
+        Pct::of(&self.merged(|s| &s.send_ack.total))
     }
     pub fn realtime(&self) -> Pct {
-        Pct::of(&self.realtime.lock().expect("histogram").total)
+        Pct::of(&self.merged(|s| &s.realtime.total))
     }
     pub fn backlog(&self) -> Pct {
-        Pct::of(&self.backlog.lock().expect("histogram").total)
+        Pct::of(&self.merged(|s| &s.backlog))
     }
     pub fn catch_up(&self) -> Pct {
-        Pct::of(&self.catch_up.lock().expect("histogram"))
+        Pct::of(&self.merged(|s| &s.catch_up))
     }
     pub fn series(&self) -> Vec<Tick> {
         self.series.lock().expect("series").clone()
@@ -168,14 +215,8 @@ impl Recorder {
                 tick.tick().await;
                 let secs = every.as_secs_f64();
                 let (s, d) = (rec.sends.load(Ordering::Relaxed), rec.delivered.load(Ordering::Relaxed));
-                let window = |h: &Mutex<Hist>, q: &[f64]| {
-                    let mut h = h.lock().expect("histogram");
-                    let out: Vec<f64> = q.iter().map(|q| h.window.value_at_quantile(*q) as f64 / 1000.0).collect();
-                    h.window.reset();
-                    out
-                };
-                let ack = window(&rec.send_ack, &[0.99]);
-                let rt = window(&rec.realtime, &[0.5, 0.99]);
+                let ack = rec.take_window(|s| &mut s.send_ack.window, &[0.99]);
+                let rt = rec.take_window(|s| &mut s.realtime.window, &[0.5, 0.99]);
                 let notes = std::mem::take(&mut *rec.notes.lock().expect("notes"));
                 let t = Tick {
                     t_s: rec.elapsed().as_secs_f64(),
@@ -225,21 +266,21 @@ impl Observer for Recorder {
         match via {
             Via::Realtime => {
                 if let Some(age) = age {
-                    self.realtime.lock().expect("histogram").record(age);
+                    self.shard().realtime.record(age);
                 }
             }
             Via::Backlog | Via::Sync => {
                 self.backlog_delivered.fetch_add(1, Ordering::Relaxed);
                 // Backlog latency counts from when the device came back, not from the send.
                 let since = into_session.as_micros() as u64;
-                self.backlog.lock().expect("histogram").record(age.map_or(since, |a| a.min(since)));
+                let _ = self.shard().backlog.record(age.map_or(since, |a| a.min(since)).max(1));
             }
         }
     }
 
     fn caught_up(&self, after: Duration) {
         self.caught_up.fetch_add(1, Ordering::Relaxed);
-        let _ = self.catch_up.lock().expect("histogram").record((after.as_micros() as u64).max(1));
+        let _ = self.shard().catch_up.record((after.as_micros() as u64).max(1));
     }
 
     fn online(&self, up: bool) {
@@ -250,5 +291,32 @@ impl Observer for Recorder {
         if matches!(frame, ServerFrame::History(_)) {
             self.histories.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_every_thread_are_merged_and_a_tick_starts_afresh() {
+        let rec = Recorder::new();
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let rec = &rec;
+                s.spawn(move || {
+                    for k in 1..=1000u64 {
+                        rec.send_acked(Duration::from_micros(t * 1000 + k));
+                    }
+                });
+            }
+        });
+        let p = rec.send_ack();
+        assert_eq!((p.count, rec.sends.load(Ordering::Relaxed)), (8000, 8000));
+        assert!((p.max - 8.0).abs() < 0.01, "{p:?}");
+        let tick = rec.take_window(|s| &mut s.send_ack.window, &[0.5, 1.0]);
+        assert!((tick[1] - 8.0).abs() < 0.01, "{tick:?}");
+        assert_eq!(rec.take_window(|s| &mut s.send_ack.window, &[1.0]), [0.0], "the tick's histograms were reset");
+        assert_eq!(rec.send_ack().count, 8000, "the run's are kept");
     }
 }
