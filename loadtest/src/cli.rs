@@ -151,6 +151,9 @@ pub struct Traffic {
     /// Message body size in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 100)]
     pub payload: usize,
+    /// Sends each sender may have waiting for an answer at once.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub in_flight: u32,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -128,6 +128,17 @@ fn the_callers_command_lines_parse() {
 }
 
 #[test]
+fn senders_have_some_sends_in_flight() {
+    let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
+    assert_eq!(s.traffic.in_flight, 1);
+    let Command::Fanout(f) = parse(&["fanout", "--in-flight", "8"]).unwrap() else { panic!("fanout") };
+    assert_eq!(f.traffic.in_flight, 8);
+    for words in [&["steady", "--in-flight", "0"][..], &["chaos", "--in-flight"]] {
+        assert!(parse(words).is_err(), "{words:?} was accepted");
+    }
+}
+
+#[test]
 fn every_scenario_takes_the_processes_to_measure() {
     for scenario in ["steady", "fanout", "storm", "chaos", "idle", "soak"] {
         let words =

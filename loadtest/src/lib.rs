@@ -3,6 +3,8 @@
 //!
 //! - [`cli`]: the command line (clap), every command's options and defaults.
 //! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`, `soak`.
+//! - [`senders`]: the scenarios' senders, over HTTP, on an open-loop schedule.
+//! - [`load`]: schedules, offered against achieved load, and which side was the limit.
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).
 //! - [`probe`]: the canary between probe accounts, with `herald_probe_*` metrics.
 //! - [`engine`]: provisioning, devices, senders, settling and the check.
@@ -18,11 +20,13 @@ pub mod cli;
 pub mod cpu;
 pub mod engine;
 pub mod integrity;
+pub mod load;
 pub mod probe;
 pub mod recorder;
 pub mod report;
 pub mod sampler;
 pub mod scenarios;
+pub mod senders;
 pub mod sends;
 pub mod slope;
 pub mod soak_report;

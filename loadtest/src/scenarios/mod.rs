@@ -17,7 +17,9 @@ use crate::cli::{self, Action, Measure, Traffic};
 use crate::cpu::{self, CpuMeter, CpuReport, Snapshot};
 use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
 use crate::integrity::IntegrityReport;
+use crate::load::{self, LoadReport, Observed};
 use crate::report::ScenarioReport;
+use crate::senders::{self, SenderOptions};
 
 mod churn;
 mod idle;
@@ -94,6 +96,50 @@ struct Finished {
     logs: Vec<(String, DeviceLog)>,
     /// What the send window cost (`None`: not measured).
     cpu: Option<CpuReport>,
+    /// Offered against achieved, and the limit (`None`: the scenario has no such senders).
+    load: Option<LoadReport>,
+}
+
+/// How the senders of a scenario sent, for [`load_report`].
+struct Offer {
+    senders: usize,
+    in_flight: usize,
+    /// msg/s (`None`: closed loop).
+    rate: Option<f64>,
+}
+
+/// Offered against achieved over the send window, and the verdict on which side was the limit.
+fn load_report(rec: &Recorder, offer: Offer, achieved: f64, cpu: &CpuReport) -> LoadReport {
+    let (lag, own) = (rec.send_lag(), rec.own_lag());
+    let generator_cores = cpu.total("loadtest").and_then(|r| r.cores);
+    let observed = Observed {
+        offered: offer.rate,
+        achieved,
+        lag_p99_ms: lag.p99,
+        own_lag_p99_ms: own.p99,
+        generator_cores,
+        server_cores: cpu.total("server").and_then(|r| r.cores),
+        cores: cpu.cores,
+        machine_busy: cpu.machine_busy,
+    };
+    let (limit, verdict) = load::verdict(&observed);
+    rec.note(verdict.clone());
+    LoadReport {
+        via: "http".into(),
+        senders: offer.senders,
+        in_flight: offer.in_flight,
+        offered_per_s: offer.rate,
+        achieved_per_s: achieved,
+        sent: rec.sent.load(Ordering::Relaxed),
+        unsent_due: rec.unsent_due.load(Ordering::Relaxed),
+        send_lag_ms: lag,
+        own_lag_ms: own,
+        generator_cores,
+        generator_share: generator_cores.map(|c| c / cpu.cores.max(1) as f64),
+        machine_busy: cpu.machine_busy,
+        limit: Some(limit),
+        verdict,
+    }
 }
 
 /// The CPU readings and counters at the start of the measured send window.
@@ -148,14 +194,17 @@ fn report(
         send_errors: rec.send_errors.load(Ordering::Relaxed),
         sends_per_s: sends as f64 / send_window.max(1e-9),
         send_ack_ms: rec.send_ack(),
+        send_ack_from_actual_ms: rec.send_ack_from_actual(),
         deliveries: rec.delivered.load(Ordering::Relaxed),
         deliveries_per_s: deliveries_in_window as f64 / send_window.max(1e-9),
         delivery_realtime_ms: rec.realtime(),
+        delivery_realtime_from_actual_ms: rec.realtime_from_actual(),
         delivery_backlog_ms: rec.backlog(),
         catch_up_ms: rec.catch_up(),
         reconnect_catch_up_ms: reconnect_catch_ups(&done.logs),
         integrity: done.integrity.clone(),
         cpu: done.cpu.clone(),
+        load: done.load.clone(),
         series: rec.series(),
         extra,
     }
@@ -174,7 +223,7 @@ async fn live(
     kind: &str,
     params: Value,
 ) -> Result<ScenarioReport> {
-    let Traffic { rate, payload, .. } = *traffic;
+    let Traffic { rate, payload, in_flight, .. } = *traffic;
     ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
     ensure!(traffic.duration >= 0.0, "--duration must be >= 0");
     let duration = Duration::from_secs_f64(traffic.duration);
@@ -191,11 +240,14 @@ async fn live(
 
     let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
+    let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
+    let in_flight = in_flight as usize;
+    let ready = senders::connect(target, &convs).await?;
     let window = Window::open(&meter, &rec).await;
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
     let send_start = Instant::now();
-    let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
-    let senders = engine::spawn_senders(target, &convs, &plan, &rec, &acked, &stop);
+    let opts = SenderOptions { in_flight, until: Some(send_start + duration) };
+    let senders = senders::spawn(ready, &convs, &plan, opts, &rec, &acked, &stop);
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let chaos = {
         let (rec, outcomes) = (rec.clone(), outcomes.clone());
@@ -226,6 +278,8 @@ async fn live(
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
     let cpu = window.close(&meter, &rec).await;
+    let offer = Offer { senders: convs.len(), in_flight, rate: (rate > 0.0).then_some(rate) };
+    let load = load_report(&rec, offer, rec.sends.load(Ordering::Relaxed) as f64 / send_window.max(1e-9), &cpu);
     chaos.await?;
     let settle = engine::settle(&rec, users.len(), Duration::from_secs(3), Duration::from_secs(180)).await;
     rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
@@ -239,7 +293,7 @@ async fn live(
         "settle_s": settle.as_secs_f64(),
         "actions": *outcomes.lock().expect("outcomes"),
     });
-    let done = Finished { integrity, logs, cpu: Some(cpu) };
+    let done = Finished { integrity, logs, cpu: Some(cpu), load: Some(load) };
     Ok(report(name, params, &rec, send_window, delivered_in_window, &done, extra))
 }
 

@@ -12,7 +12,7 @@ use futures::future::join_all;
 use serde_json::json;
 
 use super::churn::Fleet;
-use super::{pairs, receivers, report, Finished, Window};
+use super::{load_report, pairs, receivers, report, Finished, Offer, Window};
 use crate::cli;
 use crate::cpu::CpuMeter;
 use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
@@ -112,6 +112,8 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
     let cpu = window.close(&meter, &rec).await;
+    let offer = Offer { senders: n, in_flight: 1, rate: Some(args.rate) };
+    let load = load_report(&rec, offer, rec.sends.load(Ordering::Relaxed) as f64 / send_window.max(1e-9), &cpu);
     fleet.bring_back();
     let settle = engine::settle(&rec, fleet.live(), QUIET, Duration::from_secs(300)).await;
     rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
@@ -151,7 +153,7 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
         &rec,
         send_window,
         delivered_in_window,
-        &Finished { integrity, logs, cpu: Some(cpu) },
+        &Finished { integrity, logs, cpu: Some(cpu), load: Some(load) },
         extra,
     ))
 }

@@ -141,7 +141,7 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
         &rec,
         send_window,
         delivered_in_window,
-        &Finished { integrity, logs, cpu: Some(cpu) },
+        &Finished { integrity, logs, cpu: Some(cpu), load: None },
         extra,
     ))
 }
