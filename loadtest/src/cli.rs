@@ -12,6 +12,7 @@ use herald_shared::auth::Platform;
 use anyhow::{ensure, Context};
 
 use crate::sampler::AdminUrl;
+use crate::senders::SendVia;
 
 mod soak;
 pub use soak::Soak;
@@ -40,7 +41,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Direct conversations, a device online per recipient, sends over HTTP at --rate msg/s.
+    /// Direct conversations, a device online per recipient, sends at --rate msg/s (HTTP or --via ws).
     Steady(Steady),
     /// Groups of --group members online, one sender per group.
     Fanout(Fanout),
@@ -151,6 +152,9 @@ pub struct Traffic {
     /// Message body size in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 100)]
     pub payload: usize,
+    /// How senders send: http (POST /v1/messages) or ws (`send` frames on their own session).
+    #[arg(long, value_enum, default_value_t = SendVia::Http)]
+    pub via: SendVia,
     /// Sends each sender may have waiting for an answer at once.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub in_flight: u32,

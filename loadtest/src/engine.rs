@@ -68,7 +68,12 @@ impl Target {
 
     /// `user`'s device `device`, started; `index` spreads devices over gateways and addresses.
     pub fn device_of(&self, index: usize, user: &str, device: &str, rec: &Arc<Recorder>) -> Device {
-        let spec = DeviceSpec {
+        Device::spawn(self.device_spec(index, user, device), rec.clone())
+    }
+
+    /// What [`Target::device_of`] starts.
+    pub fn device_spec(&self, index: usize, user: &str, device: &str) -> DeviceSpec {
+        DeviceSpec {
             user: user.to_owned(),
             device: device.into(),
             token: self.device_token(user, device),
@@ -77,8 +82,7 @@ impl Target {
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
             gap_sync_after: Duration::from_secs(5),
             reconnect: true,
-        };
-        Device::spawn(spec, rec.clone())
+        }
     }
 }
 
@@ -185,7 +189,8 @@ pub struct SendPlan {
 }
 
 /// One sender per conversation over HTTP, together offering `plan.rate` msg/s on an
-/// open-loop schedule, until `stop` (see [`crate::senders`]).
+/// open-loop schedule, until `stop` (see [`crate::senders`], which also sends over
+/// WebSocket).
 pub fn spawn_senders(
     target: &Target,
     convs: &[Conv],

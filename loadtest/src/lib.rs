@@ -3,7 +3,7 @@
 //!
 //! - [`cli`]: the command line (clap), every command's options and defaults.
 //! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`, `soak`.
-//! - [`senders`]: the scenarios' senders, over HTTP, on an open-loop schedule.
+//! - [`senders`]: the scenarios' senders, over HTTP or WebSocket, on an open-loop schedule.
 //! - [`load`]: schedules, offered against achieved load, and which side was the limit.
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).
 //! - [`probe`]: the canary between probe accounts, with `herald_probe_*` metrics.

@@ -157,7 +157,7 @@ pub fn verdict(o: &Observed) -> (Limit, String) {
 /// How the senders sent, what they were asked to offer and what they achieved.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LoadReport {
-    /// How the senders sent (`http`).
+    /// `http` or `ws`.
     pub via: String,
     pub senders: usize,
     /// Sends each sender may have waiting for an answer at once.
@@ -305,7 +305,7 @@ mod tests {
     #[test]
     fn the_paragraph_says_offered_achieved_and_the_verdict() {
         let l = LoadReport {
-            via: "http".into(),
+            via: "ws".into(),
             senders: 20,
             in_flight: 1,
             offered_per_s: Some(200.0),
@@ -318,7 +318,7 @@ mod tests {
             ..LoadReport::default()
         };
         let md = markdown(&l);
-        assert!(md.starts_with("Offered 200 msg/s (open loop, 20 senders over http, up to 1 in flight each); achieved 199 msg/s acknowledged; 600 sent."), "{md}");
+        assert!(md.starts_with("Offered 200 msg/s (open loop, 20 senders over ws, up to 1 in flight each); achieved 199 msg/s acknowledged; 600 sent."), "{md}");
         assert!(md.contains("Load generator CPU 50 % of one core (25 % of all cores); the machine 70 % busy."), "{md}");
         assert!(md.contains("**not saturated: x**"));
     }

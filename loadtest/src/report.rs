@@ -90,8 +90,12 @@ pub fn markdown(r: &ScenarioReport, prefix: &str) -> String {
     }
     s.push_str("Latencies count from when each send was due by its sender's open-loop schedule (the \"from the actual send\" rows: from when it went out).\n\n");
     s.push_str("| latency (ms) | count | p50 | p95 | p99 | max |\n|---|---|---|---|---|---|\n");
-    s.push_str(&pct_row("send to ack (HTTP 200), from the due time", &r.send_ack_ms));
-    s.push_str(&pct_row("send to ack (HTTP 200), from the actual send", &r.send_ack_from_actual_ms));
+    let via = match r.load.as_ref().map(|l| l.via.as_str()) {
+        Some("ws") => "`sent`",
+        _ => "HTTP 200",
+    };
+    s.push_str(&pct_row(&format!("send to ack ({via}), from the due time"), &r.send_ack_ms));
+    s.push_str(&pct_row(&format!("send to ack ({via}), from the actual send"), &r.send_ack_from_actual_ms));
     s.push_str(&pct_row("delivery, realtime (send to device), from the due time", &r.delivery_realtime_ms));
     s.push_str(&pct_row(
         "delivery, realtime (send to device), from the actual send",

@@ -1,19 +1,24 @@
-//! The senders of a scenario: one per conversation, over HTTP (`POST /v1/messages`).
-//! Each keeps an open-loop schedule ([`crate::load`]): message `n` is due at a
+//! The senders of a scenario: one per conversation, over HTTP (`POST /v1/messages`) or
+//! over the sender's own WebSocket session (`send` frames answered by `sent`, matched by
+//! `cmid`). Each keeps an open-loop schedule ([`crate::load`]): message `n` is due at a
 //! fixed time; a sender behind its schedule sends what is due as soon as a send slot
 //! frees (up to `in_flight` sends waiting for answers at once), and every latency counts
 //! from the due time. Every send is retried with its `cmid` until the server commits it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, ensure, Context, Result};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use herald_client::device::{Device, Observer, Via};
 use herald_client::HttpClient;
-use herald_shared::protocol::SendResult;
+use herald_shared::error::ErrorCode;
+use herald_shared::protocol::{ClientFrame, ErrorFrame, Message, SendFrame, SendResult, ServerFrame};
 use serde_json::{json, Value};
+use tokio::sync::oneshot;
 
 use crate::engine::{send_durably, AckLog, Conv, SendPlan, Target};
 use crate::integrity::Acked;
@@ -22,8 +27,29 @@ use crate::recorder::Recorder;
 
 /// A send gives up (counts as not acknowledged) after this long.
 const DEADLINE: Duration = Duration::from_secs(120);
+/// A `send` frame without an answer this long is sent again (same `cmid`).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A sender waiting for its next due time still looks at the stop flag this often.
 const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// How the senders send.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SendVia {
+    /// `POST /v1/messages`, one request per message.
+    #[default]
+    Http,
+    /// `send` frames on the sender's own WebSocket session, answered by `sent`.
+    Ws,
+}
+
+impl SendVia {
+    pub fn name(self) -> &'static str {
+        match self {
+            SendVia::Http => "http",
+            SendVia::Ws => "ws",
+        }
+    }
+}
 
 /// How the senders of a scenario send, beside the [`SendPlan`].
 #[derive(Clone, Copy, Debug)]
@@ -40,12 +66,29 @@ impl Default for SenderOptions {
     }
 }
 
-/// One transport per conversation's sender, ready to send.
+/// One transport per conversation's sender, connected: WebSocket senders are online.
 pub struct Ready(Vec<Transport>);
 
-/// One sender per conversation.
-pub async fn connect(target: &Target, convs: &[Conv]) -> Result<Ready> {
-    Ok(Ready(convs.iter().map(|c| http(target, c)).collect()))
+/// Connects one sender per conversation: HTTP clients, or devices of the senders whose
+/// sessions are open before this returns (so the schedule does not start with them).
+pub async fn connect(target: &Target, convs: &[Conv], via: SendVia) -> Result<Ready> {
+    let transports = match via {
+        SendVia::Http => convs.iter().map(|c| http(target, c)).collect(),
+        SendVia::Ws => {
+            eprintln!("connecting {} senders over WebSocket ...", convs.len());
+            let senders: Vec<WsSender> =
+                convs.iter().enumerate().map(|(k, c)| WsSender::start(target, k, &c.sender)).collect();
+            for (s, c) in senders.iter().zip(convs) {
+                ensure!(
+                    s.device.wait_online(Duration::from_secs(60)).await,
+                    "the sender {} could not open its WebSocket session",
+                    c.sender
+                );
+            }
+            senders.into_iter().map(Transport::Ws).collect()
+        }
+    };
+    Ok(Ready(transports))
 }
 
 /// HTTP senders, started at once.
@@ -104,16 +147,22 @@ pub fn spawn(
 enum Transport {
     /// One client per gateway: a send moves to the next when one is unreachable.
     Http(Vec<HttpClient>),
+    Ws(WsSender),
 }
 
 impl Transport {
     async fn send(&self, first: usize, cmid: &str, conv: &str, body: &Value) -> Result<SendResult> {
         match self {
             Transport::Http(clients) => Ok(send_durably(clients, first, cmid, conv, body, DEADLINE).await?),
+            Transport::Ws(w) => w.send(cmid, conv, body).await,
         }
     }
 
-    async fn close(self) {}
+    async fn close(self) {
+        if let Transport::Ws(w) = self {
+            w.device.stop().await;
+        }
+    }
 }
 
 /// One sender: its conversation, its schedule (none: closed loop) and its transport.
@@ -205,5 +254,123 @@ impl Sender {
             rec.unsent_due.fetch_add(s.due_before(end).saturating_sub(n), Ordering::Relaxed);
         }
         transport.close().await;
+    }
+}
+
+/// A sender's WebSocket session: a device of the sender's user (`s`) whose observer
+/// hands each `sent` or `error` answer to the send waiting for it.
+struct WsSender {
+    device: Device,
+    answers: Arc<Answers>,
+}
+
+/// What a `send` frame got back.
+#[derive(Debug)]
+enum Answer {
+    Sent(SendResult),
+    Refused(ErrorFrame),
+    /// The session ended before an answer came: the frame may or may not have arrived.
+    Lost,
+}
+
+/// Sends waiting for their answer, by `cmid`: one sender's own, so its lock is uncontended.
+#[derive(Default)]
+struct Answers {
+    waiting: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
+}
+
+impl Observer for Answers {
+    fn message(&self, _: &Message, _: Via, _: Duration) {}
+    fn caught_up(&self, _: Duration) {}
+
+    fn online(&self, up: bool) {
+        if !up {
+            for (_, tx) in self.waiting.lock().expect("answers").drain() {
+                let _ = tx.send(Answer::Lost);
+            }
+        }
+    }
+
+    fn frame(&self, frame: &ServerFrame) {
+        let (cmid, answer) = match frame {
+            ServerFrame::Sent(s) => {
+                let r = SendResult { id: s.id, conv: s.conv.clone(), seq: s.seq, ts: s.ts, dup: s.dup };
+                (&s.cmid, Answer::Sent(r))
+            }
+            ServerFrame::Error(e) => match &e.reference {
+                Some(cmid) => (cmid, Answer::Refused(e.clone())),
+                None => return,
+            },
+            _ => return,
+        };
+        if let Some(tx) = self.waiting.lock().expect("answers").remove(cmid) {
+            let _ = tx.send(answer);
+        }
+    }
+}
+
+impl WsSender {
+    fn start(target: &Target, index: usize, user: &str) -> WsSender {
+        let answers = Arc::new(Answers::default());
+        let device = Device::spawn(target.device_spec(index, user, "s"), answers.clone());
+        WsSender { device, answers }
+    }
+
+    /// Sends until the server commits: on `unavailable`, `rate_limited`, a lost session or
+    /// no answer it sends again with the same `cmid` (the device queues frames while it
+    /// reconnects). Gives up after [`DEADLINE`].
+    async fn send(&self, cmid: &str, conv: &str, body: &Value) -> Result<SendResult> {
+        let body = serde_json::value::to_raw_value(body)?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let (tx, rx) = oneshot::channel();
+            self.answers.waiting.lock().expect("answers").insert(cmid.to_owned(), tx);
+            let frame = SendFrame { cmid: cmid.to_owned(), conv: conv.to_owned(), body: body.clone() };
+            self.device.send(ClientFrame::Send(frame)).await.context("the sender's device ended")?;
+            let wait = match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
+                Ok(Ok(Answer::Sent(r))) => return Ok(r),
+                Ok(Ok(Answer::Refused(e))) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::RateLimited) => {
+                    e.retry_after_ms.map_or(pause, Duration::from_millis)
+                }
+                Ok(Ok(Answer::Refused(e))) => bail!("{cmid} refused: {:?}: {}", e.code, e.message),
+                Ok(Ok(Answer::Lost)) | Ok(Err(_)) => pause,
+                Err(_) => Duration::ZERO,
+            };
+            if started.elapsed() + wait > DEADLINE {
+                bail!("{cmid}: not committed within {DEADLINE:?}");
+            }
+            tokio::time::sleep(wait).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use herald_shared::ids::MsgId;
+    use herald_shared::protocol::Sent;
+
+    #[test]
+    fn answers_reach_the_send_waiting_for_their_cmid() {
+        let a = Answers::default();
+        let (tx1, mut rx1) = oneshot::channel();
+        let (tx2, mut rx2) = oneshot::channel();
+        let (tx3, mut rx3) = oneshot::channel();
+        a.waiting.lock().unwrap().extend([("m1".to_string(), tx1), ("m2".to_string(), tx2), ("m3".to_string(), tx3)]);
+        let r = SendResult { id: MsgId(7), conv: "c".into(), seq: 3, ts: 1, dup: false };
+        a.frame(&ServerFrame::Sent(Sent::new("m2", &r)));
+        assert!(matches!(rx2.try_recv(), Ok(Answer::Sent(s)) if s == r));
+        let refused = ErrorFrame { reference: Some("m1".into()), ..ErrorFrame::new(ErrorCode::Unavailable, "later") };
+        a.frame(&ServerFrame::Error(refused));
+        assert!(matches!(rx1.try_recv(), Ok(Answer::Refused(e)) if e.code == ErrorCode::Unavailable));
+        // an error without a ref answers nobody
+        a.frame(&ServerFrame::Error(ErrorFrame::new(ErrorCode::Unavailable, "ack not recorded")));
+        assert!(rx3.try_recv().is_err());
+        // a lost session fails what is still waiting, to be sent again
+        a.online(false);
+        assert!(matches!(rx3.try_recv(), Ok(Answer::Lost)));
+        assert!(a.waiting.lock().unwrap().is_empty());
     }
 }

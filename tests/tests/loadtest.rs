@@ -235,6 +235,50 @@ async fn steady_reports_cpu_per_message_and_offered_against_achieved() {
     }
 }
 
+/// Senders over their own WebSocket sessions (`send` answered by `sent`), a few sends in
+/// flight each: everything is delivered once and in order, measured as over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn senders_over_websocket_deliver_everything_and_are_measured() {
+    let c = cluster("lt-ws", 1).await;
+    let m = measure(&c);
+    let (code, r) = run(
+        &c,
+        &with(
+            &["steady", "--conversations", "20", "--rate", "200", "--duration", "3", "--via", "ws", "--in-flight", "4"],
+            &m,
+        ),
+    )
+    .await;
+    let r = r.expect("steady report");
+    assert_eq!(code, 0, "steady over ws");
+    assert_clean(&r);
+    assert_eq!(r["send_errors"].as_u64(), Some(0));
+    assert!(
+        r["deliveries"].as_u64().unwrap() >= r["acknowledged_sends"].as_u64().unwrap(),
+        "1:1: one delivery per send"
+    );
+    assert_eq!(r["load"]["in_flight"].as_u64(), Some(4));
+    assert_cpu(&c, &r);
+    assert_load(&r, "ws");
+    let md = std::fs::read_to_string(out_dir(&c).join("steady.md")).unwrap();
+    assert!(md.contains("| send to ack (`sent`), from the due time |"), "{md}");
+
+    let (code, r) = run(
+        &c,
+        &with(&["fanout", "--receivers", "60", "--group", "30", "--rate", "20", "--duration", "3", "--via", "ws"], &m),
+    )
+    .await;
+    let r = r.expect("fanout report");
+    assert_eq!(code, 0, "fanout over ws");
+    assert_clean(&r);
+    let sends = r["acknowledged_sends"].as_u64().unwrap();
+    assert!(r["deliveries"].as_u64().unwrap() >= 30 * sends, "every group message reaches its 30 members");
+    assert_cpu(&c, &r);
+    assert_load(&r, "ws");
+    let server = r["cpu"]["totals"].as_array().unwrap().iter().find(|t| t["name"] == "server").unwrap();
+    assert!(server["us_per_delivery"].as_f64().unwrap() > 0.0, "fan-out is costed per delivery too: {server}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kills_a_gateway_and_a_worker_under_load_and_loses_nothing() {
     let c = cluster("lt-chaos", 2).await;

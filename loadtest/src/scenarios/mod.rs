@@ -19,7 +19,7 @@ use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Targ
 use crate::integrity::IntegrityReport;
 use crate::load::{self, LoadReport, Observed};
 use crate::report::ScenarioReport;
-use crate::senders::{self, SenderOptions};
+use crate::senders::{self, SendVia, SenderOptions};
 
 mod churn;
 mod idle;
@@ -102,6 +102,7 @@ struct Finished {
 
 /// How the senders of a scenario sent, for [`load_report`].
 struct Offer {
+    via: SendVia,
     senders: usize,
     in_flight: usize,
     /// msg/s (`None`: closed loop).
@@ -125,7 +126,7 @@ fn load_report(rec: &Recorder, offer: Offer, achieved: f64, cpu: &CpuReport) -> 
     let (limit, verdict) = load::verdict(&observed);
     rec.note(verdict.clone());
     LoadReport {
-        via: "http".into(),
+        via: offer.via.name().into(),
         senders: offer.senders,
         in_flight: offer.in_flight,
         offered_per_s: offer.rate,
@@ -223,7 +224,7 @@ async fn live(
     kind: &str,
     params: Value,
 ) -> Result<ScenarioReport> {
-    let Traffic { rate, payload, in_flight, .. } = *traffic;
+    let Traffic { rate, payload, via, in_flight, .. } = *traffic;
     ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
     ensure!(traffic.duration >= 0.0, "--duration must be >= 0");
     let duration = Duration::from_secs_f64(traffic.duration);
@@ -242,7 +243,7 @@ async fn live(
     let stop = Arc::new(AtomicBool::new(false));
     let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
     let in_flight = in_flight as usize;
-    let ready = senders::connect(target, &convs).await?;
+    let ready = senders::connect(target, &convs, via).await?;
     let window = Window::open(&meter, &rec).await;
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
     let send_start = Instant::now();
@@ -278,7 +279,7 @@ async fn live(
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
     let cpu = window.close(&meter, &rec).await;
-    let offer = Offer { senders: convs.len(), in_flight, rate: (rate > 0.0).then_some(rate) };
+    let offer = Offer { via, senders: convs.len(), in_flight, rate: (rate > 0.0).then_some(rate) };
     let load = load_report(&rec, offer, rec.sends.load(Ordering::Relaxed) as f64 / send_window.max(1e-9), &cpu);
     chaos.await?;
     let settle = engine::settle(&rec, users.len(), Duration::from_secs(3), Duration::from_secs(180)).await;
@@ -298,7 +299,7 @@ async fn live(
 }
 
 /// `steady`: `--conversations` direct conversations, a device online for each
-/// recipient, `--rate` sends per second over HTTP.
+/// recipient, `--rate` sends per second (over HTTP, or WebSocket with `--via ws`).
 pub async fn steady(args: &cli::Steady) -> Result<ScenarioReport> {
     let target = Target::from_args(&args.target)?;
     let (n, t) = (args.conversations, &args.traffic);

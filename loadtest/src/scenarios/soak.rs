@@ -18,6 +18,7 @@ use crate::cpu::CpuMeter;
 use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
 use crate::report::ScenarioReport;
 use crate::sampler::Sampler;
+use crate::senders::SendVia;
 use crate::soak_report::{self, Limits};
 
 /// A gap a device sees is synced 5 s after it opened (the client's `gap_sync_after`):
@@ -112,7 +113,7 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
     let cpu = window.close(&meter, &rec).await;
-    let offer = Offer { senders: n, in_flight: 1, rate: Some(args.rate) };
+    let offer = Offer { via: SendVia::Http, senders: n, in_flight: 1, rate: Some(args.rate) };
     let load = load_report(&rec, offer, rec.sends.load(Ordering::Relaxed) as f64 / send_window.max(1e-9), &cpu);
     fleet.bring_back();
     let settle = engine::settle(&rec, fleet.live(), QUIET, Duration::from_secs(300)).await;
