@@ -167,6 +167,9 @@ pub struct Steady {
     pub conversations: usize,
     #[command(flatten)]
     pub traffic: Traffic,
+    /// A shell command run SECONDS after sending starts (a profiler, say); repeat for more.
+    #[arg(long, value_name = "SECONDS=COMMAND")]
+    pub action: Vec<Action>,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -181,6 +184,9 @@ pub struct Fanout {
     pub group: usize,
     #[command(flatten)]
     pub traffic: Traffic,
+    /// A shell command run SECONDS after sending starts (a profiler, say); repeat for more.
+    #[arg(long, value_name = "SECONDS=COMMAND")]
+    pub action: Vec<Action>,
     #[command(flatten)]
     pub target: TargetArgs,
 }

@@ -28,6 +28,15 @@ fn actions_repeat_other_options_take_their_last_value() {
         panic!("steady")
     };
     assert_eq!(s.target.gateways.urls, ["http://c"]);
+    let Command::Fanout(f) = parse(&["fanout", "--action", "10=scripts/profile.sh gateway"]).unwrap() else {
+        panic!("fanout")
+    };
+    assert_eq!(
+        f.action.iter().map(|a| (a.at, a.command.as_str())).collect::<Vec<_>>(),
+        [(10.0, "scripts/profile.sh gateway")]
+    );
+    let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
+    assert!(s.action.is_empty(), "steady needs no action");
 }
 
 #[test]

@@ -305,7 +305,7 @@ pub async fn steady(args: &cli::Steady) -> Result<ScenarioReport> {
     let (n, t) = (args.conversations, &args.traffic);
     ensure!(n > 0, "--conversations must be at least 1");
     let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
-    live("steady", t, Vec::new(), &target, &args.target.measure, pairs(&target, n), "direct", params).await
+    live("steady", t, args.action.clone(), &target, &args.target.measure, pairs(&target, n), "direct", params).await
 }
 
 /// `fanout`: `--receivers` devices in groups of `--group` (up to 1 000), one sender
@@ -316,7 +316,8 @@ pub async fn fanout(args: &cli::Fanout) -> Result<ScenarioReport> {
     ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
     ensure!(n > 0, "--receivers must be at least 1");
     let params = json!({"receivers": n, "group": size, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
-    live("fanout", t, Vec::new(), &target, &args.target.measure, groups(&target, "", n, size), "group", params).await
+    live("fanout", t, args.action.clone(), &target, &args.target.measure, groups(&target, "", n, size), "group", params)
+        .await
 }
 
 /// `chaos`: `steady` while each `--action SECONDS=COMMAND` runs at its time (kill a
