@@ -13,6 +13,13 @@
 #   SCENARIOS=soak scripts/capacity.sh  # 10 minutes of steady load with device churn; fails
 #                                       # when what Herald keeps grows (SOAK_ARGS for options)
 #   HD_BIN=target/debug ...             # binaries already built (no release build)
+#   PROFILE=gateway scripts/capacity.sh # perf profile of gw-1 in the middle of `steady`:
+#                                       # its top frames in $OUT/profile/steady-gateway.txt
+#   PROFILE=worker PROFILE_SCENARIO=fanout PROFILE_AT=10 PROFILE_SECONDS=15 SCENARIOS=fanout scripts/capacity.sh
+#       PROFILE is gateway (gw-1), worker (wk-1), mariadbd or redis; PROFILE_SCENARIO steady
+#       (default), fanout or chaos; the profile starts PROFILE_AT seconds after sending
+#       starts and lasts PROFILE_SECONDS (default: the middle third of the send window);
+#       PROFILE_TOP frames are kept (default 25). See scripts/profile.sh.
 set -euo pipefail
 export HD_DATABASE=${HD_DATABASE:-herald_capacity}
 export HD_GW1_PORT=${HD_GW1_PORT:-8180} HD_GW2_PORT=${HD_GW2_PORT:-8181}
@@ -96,29 +103,54 @@ fi
 STEADY=${STEADY_ARGS:-$STEADY} FANOUT=${FANOUT_ARGS:-$FANOUT} STORM=${STORM_ARGS:-$STORM}
 IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS} SOAK=${SOAK_ARGS:-$SOAK}
 gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
-lt() { "$HD_BIN/herald-loadtest" "$@" --gateways "$gws" --out "$OUT"; }
+# Every scenario reads each process's CPU (its admin /metrics; Redis's INFO) before and
+# after its send window, for the CPU per message of its report.
+measure=(--admin "wk-1=http://127.0.0.1:$HD_WK1_ADMIN" --admin "gw-1=http://127.0.0.1:$HD_GW1_ADMIN"
+  --admin "gw-2=http://127.0.0.1:$HD_GW2_ADMIN" --redis-url "$HERALD_REDIS_URL")
+lt() { "$HD_BIN/herald-loadtest" "$@" --gateways "$gws" --out "$OUT" "${measure[@]}"; }
+
+# PROFILE: an --action for PROFILE_SCENARIO that runs scripts/profile.sh in the middle of
+# its send window (the window's length is read from the scenario's --duration).
+PROFILE=${PROFILE:-} PROFILE_SCENARIO=${PROFILE_SCENARIO:-steady}
+profile=()
+if [ -n "$PROFILE" ]; then
+  case $PROFILE in
+    gateway) profile_pid=(--pid "$(node_pid gw-1)") ;;
+    worker) profile_pid=(--pid "$(node_pid wk-1)") ;;
+    mariadbd|redis) profile_pid=() ;;
+    *) log "PROFILE is gateway, worker, mariadbd or redis, not $PROFILE"; exit 2 ;;
+  esac
+  case $PROFILE_SCENARIO in steady|fanout|chaos) ;; *) log "PROFILE_SCENARIO is steady, fanout or chaos"; exit 2 ;; esac
+  args_of() { case $1 in steady) echo "$STEADY" ;; fanout) echo "$FANOUT" ;; chaos) echo "$CHAOS" ;; esac; }
+  window=$(sed -nE 's/.*--duration[ =]([0-9]+).*/\1/p' <<< "$(args_of "$PROFILE_SCENARIO")")
+  window=${window:-20}
+  PROFILE_AT=${PROFILE_AT:-$((window / 3))} PROFILE_SECONDS=${PROFILE_SECONDS:-$((window / 3 > 0 ? window / 3 : 1))}
+  profile=(--action "$PROFILE_AT=scripts/profile.sh $PROFILE ${profile_pid[*]} --seconds $PROFILE_SECONDS --top ${PROFILE_TOP:-25} --out $OUT/profile --label $PROFILE_SCENARIO")
+  log "profiling $PROFILE for $PROFILE_SECONDS s, $PROFILE_AT s into $PROFILE_SCENARIO's sending"
+fi
+# extra_for SCENARIO: the scenario's extra options (the profiler's --action, if it is the one).
+extra_for() { extra=(); if [ "$1" = "$PROFILE_SCENARIO" ]; then extra=("${profile[@]}"); fi; }
 mkdir -p "$OUT"
 failed=""
 for s in $SCENARIOS; do
   rm -f "$OUT/$s.json"
   log "$s"
   case $s in
-    steady) lt steady $STEADY ;;
-    fanout) lt fanout $FANOUT ;;
+    steady) extra_for steady; lt steady $STEADY "${extra[@]}" ;;
+    fanout) extra_for fanout; lt fanout $FANOUT "${extra[@]}" ;;
     storm) lt storm $STORM ;;
     idle) lt idle $IDLE --gateway-pid "$(node_pid gw-1)" ;;
     chaos)
       # gateway gw-2 and worker wk-1 killed and restarted under load
-      lt chaos $CHAOS \
+      extra_for chaos
+      lt chaos $CHAOS "${extra[@]}" \
         --action "4=scripts/node.sh kill gw-2" \
         --action "8=scripts/node.sh start gw-2" \
         --action "12=scripts/node.sh kill wk-1" \
         --action "15=scripts/node.sh start wk-1" ;;
     soak)
       # samples this cluster: its Redis prefix, its database and every process's /metrics
-      lt soak --redis-url "$HERALD_REDIS_URL" --redis-prefix "$HERALD_REDIS_KEY_PREFIX" \
-        --mysql-url "$HERALD_MYSQL_URL" --admin "wk-1=http://127.0.0.1:$HD_WK1_ADMIN" \
-        --admin "gw-1=http://127.0.0.1:$HD_GW1_ADMIN" --admin "gw-2=http://127.0.0.1:$HD_GW2_ADMIN" $SOAK ;;
+      lt soak --redis-prefix "$HERALD_REDIS_KEY_PREFIX" --mysql-url "$HERALD_MYSQL_URL" $SOAK ;;
     *) log "unknown scenario $s"; exit 2 ;;
   esac || failed="$failed $s"
 done

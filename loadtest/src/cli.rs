@@ -11,6 +11,9 @@ use herald_shared::auth::Platform;
 
 use anyhow::{ensure, Context};
 
+use crate::sampler::AdminUrl;
+use crate::senders::SendVia;
+
 mod soak;
 pub use soak::Soak;
 
@@ -38,7 +41,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Direct conversations, a device online per recipient, sends over HTTP at --rate msg/s.
+    /// Direct conversations, a device online per recipient, sends at --rate msg/s (HTTP or --via ws).
     Steady(Steady),
     /// Groups of --group members online, one sender per group.
     Fanout(Fanout),
@@ -111,6 +114,21 @@ pub struct TargetArgs {
     /// Loopback addresses devices connect from, in turn (more ports than one address has).
     #[arg(long, value_name = "IP,...", value_delimiter = ',', action = ArgAction::Set)]
     pub local_ips: Vec<IpAddr>,
+    #[command(flatten)]
+    pub measure: Measure,
+}
+
+/// Where the processes' CPU (and, in `soak`, their memory) is read.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Measure {
+    /// A Herald process's admin listener ([NAME=]URL): its /metrics give its CPU (and, in
+    /// soak, its RSS); repeat for more.
+    #[arg(long = "admin", value_name = "[NAME=]URL", action = ArgAction::Append)]
+    pub admins: Vec<AdminUrl>,
+    /// The cluster's Redis (standalone): its CPU from INFO cpu; soak also samples its memory
+    /// and keys [soak's default: redis://127.0.0.1:6379/0].
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
 }
 
 /// Options `sends` and `probe` accept because every command once shared them; unused.
@@ -134,6 +152,12 @@ pub struct Traffic {
     /// Message body size in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 100)]
     pub payload: usize,
+    /// How senders send: http (POST /v1/messages) or ws (`send` frames on their own session).
+    #[arg(long, value_enum, default_value_t = SendVia::Http)]
+    pub via: SendVia,
+    /// Sends each sender may have waiting for an answer at once.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub in_flight: u32,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -143,6 +167,9 @@ pub struct Steady {
     pub conversations: usize,
     #[command(flatten)]
     pub traffic: Traffic,
+    /// A shell command run SECONDS after sending starts (a profiler, say); repeat for more.
+    #[arg(long, value_name = "SECONDS=COMMAND")]
+    pub action: Vec<Action>,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -157,6 +184,9 @@ pub struct Fanout {
     pub group: usize,
     #[command(flatten)]
     pub traffic: Traffic,
+    /// A shell command run SECONDS after sending starts (a profiler, say); repeat for more.
+    #[arg(long, value_name = "SECONDS=COMMAND")]
+    pub action: Vec<Action>,
     #[command(flatten)]
     pub target: TargetArgs,
 }

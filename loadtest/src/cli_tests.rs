@@ -28,6 +28,15 @@ fn actions_repeat_other_options_take_their_last_value() {
         panic!("steady")
     };
     assert_eq!(s.target.gateways.urls, ["http://c"]);
+    let Command::Fanout(f) = parse(&["fanout", "--action", "10=scripts/profile.sh gateway"]).unwrap() else {
+        panic!("fanout")
+    };
+    assert_eq!(
+        f.action.iter().map(|a| (a.at, a.command.as_str())).collect::<Vec<_>>(),
+        [(10.0, "scripts/profile.sh gateway")]
+    );
+    let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
+    assert!(s.action.is_empty(), "steady needs no action");
 }
 
 #[test]
@@ -72,7 +81,8 @@ fn soak_defaults_admin_urls_and_exemptions() {
     assert_eq!((s.leave_pct, s.join_pct, s.reconnect_pct, s.max_growth), (2.0, 2.0, 5.0, 0.10));
     assert_eq!(s.exempt, ["rows.messages"]);
     assert_eq!(s.redis_prefix, "hd");
-    assert!(s.admins.is_empty());
+    assert!(s.admins().is_empty());
+    assert_eq!(s.redis_url(), "redis://127.0.0.1:6379/0");
     let Command::Soak(s) = parse(&[
         "soak",
         "--admin",
@@ -87,7 +97,7 @@ fn soak_defaults_admin_urls_and_exemptions() {
     .unwrap() else {
         panic!("soak")
     };
-    let admins: Vec<(&str, &str)> = s.admins.iter().map(|a| (a.name.as_str(), a.url.as_str())).collect();
+    let admins: Vec<(&str, &str)> = s.admins().iter().map(|a| (a.name.as_str(), a.url.as_str())).collect();
     assert_eq!(admins, [("wk-1", "http://127.0.0.1:9191"), ("127.0.0.1:9190", "http://127.0.0.1:9190")]);
     assert_eq!((s.exempt.as_slice(), s.warmup_s()), (&["none".to_string()][..], 3.0));
     assert!(parse(&["soak", "--admin", "127.0.0.1:9190"]).is_err(), "an admin URL has a scheme");
@@ -109,6 +119,8 @@ fn the_callers_command_lines_parse() {
         "storm --devices 60 --backlog 20 --group 30 --realtime 4 --rate 20 --baseline 1 --fresh true",
         "idle --connections 150 --group 50 --hold 1 --gateway-pid 7 --local-ips 127.0.0.1,127.0.0.2",
         "soak --conversations 300 --rate 300 --duration 600 --admin gw-1=http://127.0.0.1:9190 --admin http://127.0.0.1:9191 --mysql-url mysql://root@127.0.0.1:3306/herald_capacity --redis-prefix cap",
+        "soak --conversations 300 --rate 300 --duration 600 --redis-prefix cap --mysql-url mysql://root@127.0.0.1:3306/herald_capacity --admin wk-1=http://127.0.0.1:9191 --admin gw-1=http://127.0.0.1:9190 --admin gw-2=http://127.0.0.1:9192 --redis-url redis://127.0.0.1:6379/0",
+        "idle --connections 18000 --hold 10 --connect-rate 3000 --gateway-pid 42 --admin wk-1=http://127.0.0.1:9191 --redis-url redis://127.0.0.1:6379/0",
     ] {
         let words: Vec<&str> = line.split(' ').chain(tail).collect();
         parse(&words).unwrap_or_else(|e| panic!("{line}: {e}"));
@@ -122,6 +134,41 @@ fn the_callers_command_lines_parse() {
     ] {
         parse(&line.split(' ').collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{line}: {e}"));
     }
+}
+
+#[test]
+fn senders_send_over_http_or_ws_with_some_in_flight() {
+    let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
+    assert_eq!((s.traffic.via, s.traffic.in_flight), (crate::senders::SendVia::Http, 1));
+    let Command::Fanout(f) = parse(&["fanout", "--via", "ws", "--in-flight", "8"]).unwrap() else { panic!("fanout") };
+    assert_eq!((f.traffic.via, f.traffic.in_flight), (crate::senders::SendVia::Ws, 8));
+    for words in [&["steady", "--via", "smoke"][..], &["steady", "--in-flight", "0"], &["chaos", "--via"]] {
+        assert!(parse(words).is_err(), "{words:?} was accepted");
+    }
+}
+
+#[test]
+fn every_scenario_takes_the_processes_to_measure() {
+    for scenario in ["steady", "fanout", "storm", "chaos", "idle", "soak"] {
+        let words =
+            [scenario, "--admin", "gw-1=http://127.0.0.1:9190", "--admin", "http://h:1", "--redis-url", "redis://r:1"];
+        let target = match parse(&words) {
+            Ok(Command::Steady(a)) => a.target,
+            Ok(Command::Fanout(a)) => a.target,
+            Ok(Command::Storm(a)) => a.target,
+            Ok(Command::Chaos(a)) => a.target,
+            Ok(Command::Idle(a)) => a.target,
+            Ok(Command::Soak(a)) => a.target,
+            // chaos needs an action, idle a pid: the options themselves parsed
+            Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => continue,
+            other => panic!("{scenario}: {other:?}"),
+        };
+        let names: Vec<&str> = target.measure.admins.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["gw-1", "h:1"], "{scenario}");
+        assert_eq!(target.measure.redis_url.as_deref(), Some("redis://r:1"), "{scenario}");
+    }
+    let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
+    assert!(s.target.measure.admins.is_empty() && s.target.measure.redis_url.is_none());
 }
 
 #[test]

@@ -14,7 +14,7 @@ use herald_client::device::{Device, DeviceLog, DeviceSpec, Via};
 use herald_client::{token, ClientError, HttpClient};
 use herald_shared::auth::Platform;
 use herald_shared::error::ErrorCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cli::TargetArgs;
 use crate::integrity::{self, Acked, EventLog, IntegrityReport, Received};
@@ -68,7 +68,12 @@ impl Target {
 
     /// `user`'s device `device`, started; `index` spreads devices over gateways and addresses.
     pub fn device_of(&self, index: usize, user: &str, device: &str, rec: &Arc<Recorder>) -> Device {
-        let spec = DeviceSpec {
+        Device::spawn(self.device_spec(index, user, device), rec.clone())
+    }
+
+    /// What [`Target::device_of`] starts.
+    pub fn device_spec(&self, index: usize, user: &str, device: &str) -> DeviceSpec {
+        DeviceSpec {
             user: user.to_owned(),
             device: device.into(),
             token: self.device_token(user, device),
@@ -77,8 +82,7 @@ impl Target {
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
             gap_sync_after: Duration::from_secs(5),
             reconnect: true,
-        };
-        Device::spawn(spec, rec.clone())
+        }
     }
 }
 
@@ -184,7 +188,9 @@ pub struct SendPlan {
     pub cmid_prefix: String,
 }
 
-/// One sender per conversation, together sending at `plan.rate`, until `stop`.
+/// One sender per conversation over HTTP, together offering `plan.rate` msg/s on an
+/// open-loop schedule, until `stop` (see [`crate::senders`], which also sends over
+/// WebSocket).
 pub fn spawn_senders(
     target: &Target,
     convs: &[Conv],
@@ -193,49 +199,7 @@ pub fn spawn_senders(
     acked: &AckLog,
     stop: &Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let (rate, pad) = (plan.rate, "x".repeat(plan.payload.saturating_sub(30)));
-    convs
-        .iter()
-        .enumerate()
-        .map(|(k, c)| {
-            let clients: Vec<HttpClient> =
-                (0..target.gateways.len()).map(|g| target.http_as(g, &c.sender, "s")).collect();
-            let (rec, acked, stop, c, pad) = (rec.clone(), acked.clone(), stop.clone(), c.clone(), pad.clone());
-            let prefix = plan.cmid_prefix.clone();
-            let interval = (rate > 0.0).then(|| Duration::from_secs_f64(convs.len() as f64 / rate));
-            tokio::spawn(async move {
-                // Spread the first sends over one interval so the senders do not beat in step.
-                if let Some(i) = interval {
-                    tokio::time::sleep(i.mul_f64(k as f64 / 97.0 % 1.0)).await;
-                }
-                let mut n = 0u64;
-                let mut next = tokio::time::Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    let cmid = format!("{prefix}{n}");
-                    let t = Instant::now();
-                    let body = json!({"t0": micros_now(), "pad": pad});
-                    match send_durably(&clients, k, &cmid, &c.id, &body, Duration::from_secs(120)).await {
-                        Ok(r) => {
-                            rec.send_acked(t.elapsed());
-                            acked.lock().expect("log").push(Acked::of(&r, &c.sender, "s", cmid));
-                        }
-                        Err(e) => {
-                            if rec.send_errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                                eprintln!("send failed: {e}");
-                            }
-                        }
-                    }
-                    n += 1;
-                    if let Some(i) = interval {
-                        next += i;
-                        tokio::time::sleep_until(next).await;
-                        // After a stall, do not burst to catch up.
-                        next = next.max(tokio::time::Instant::now() - i);
-                    }
-                }
-            })
-        })
-        .collect()
+    crate::senders::spawn_http(target, convs, plan, rec, acked, stop)
 }
 
 /// Waits until every device is online and caught up and no delivery and no `sync`

@@ -57,6 +57,10 @@ async fn run(command: Command) -> Result<i32> {
             "delivery_realtime_ms": scenario.delivery_realtime_ms,
             "delivery_backlog_ms": scenario.delivery_backlog_ms,
             "integrity": scenario.integrity,
+            "cpu_us_per_message": scenario.cpu.as_ref().map(|c| &c.us_per_message),
+            "offered_per_s": scenario.load.as_ref().and_then(|l| l.offered_per_s),
+            "send_lag_ms": scenario.load.as_ref().map(|l| &l.send_lag_ms),
+            "verdict": scenario.load.as_ref().map(|l| &l.verdict),
             "extra": without_samples(&scenario.extra),
         }))?
     );

@@ -1,7 +1,8 @@
 //! The recorder of a scenario: HDR histograms for the whole run and per-tick series,
-//! counters shared by senders and devices, and the progress line.
+//! counters shared by senders and devices, and the progress line. The histograms are
+//! sharded by thread: recording a send or a delivery takes no lock another thread holds.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,9 @@ pub struct Tick {
     pub deliveries_per_s: f64,
     pub backlog_delivered: u64,
     pub send_ack_p99_ms: f64,
+    /// How far behind their schedule sends went out (absent from older reports).
+    #[serde(default)]
+    pub send_lag_p99_ms: f64,
     pub realtime_p50_ms: f64,
     pub realtime_p99_ms: f64,
     pub online: i64,
@@ -56,8 +60,8 @@ struct Hist {
 }
 
 impl Hist {
-    fn new() -> Mutex<Hist> {
-        Mutex::new(Hist { total: histogram(), window: histogram() })
+    fn new() -> Hist {
+        Hist { total: histogram(), window: histogram() }
     }
 
     fn record(&mut self, micros: u64) {
@@ -67,52 +71,141 @@ impl Hist {
     }
 }
 
+/// One shard of the recorder's histograms. Each thread records into its own shard, so
+/// devices and senders never wait on one another for a lock; the shards are merged
+/// when a tick or the report reads them.
+/// Send-ack and realtime delivery latencies count from when the message was due by its
+/// sender's schedule; the `_actual` ones from when it was sent.
+struct Shard {
+    send_ack: Hist,
+    send_ack_actual: Histogram<u64>,
+    realtime: Hist,
+    realtime_actual: Histogram<u64>,
+    send_lag: Hist,
+    own_lag: Histogram<u64>,
+    backlog: Histogram<u64>,
+    catch_up: Histogram<u64>,
+}
+
+impl Shard {
+    fn new() -> Mutex<Shard> {
+        Mutex::new(Shard {
+            send_ack: Hist::new(),
+            send_ack_actual: histogram(),
+            realtime: Hist::new(),
+            realtime_actual: histogram(),
+            send_lag: Hist::new(),
+            own_lag: histogram(),
+            backlog: histogram(),
+            catch_up: histogram(),
+        })
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    (d.as_micros() as u64).max(1)
+}
+
+/// This thread's number, for its shard.
+fn thread_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local!(static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed));
+    INDEX.with(|i| *i)
+}
+
 /// Counters and histograms shared by senders, devices and the progress display.
 pub struct Recorder {
     started: Instant,
     pub sends: AtomicU64,
     pub send_errors: AtomicU64,
+    /// Sends that went out (first attempts; retries are not counted).
+    pub sent: AtomicU64,
+    /// Sends due before their sender stopped that never went out.
+    pub unsent_due: AtomicU64,
     pub delivered: AtomicU64,
     pub backlog_delivered: AtomicU64,
     pub caught_up: AtomicU64,
     /// `history` answers to the devices' `sync` (gaps being filled).
     pub histories: AtomicU64,
     pub online: AtomicI64,
-    send_ack: Mutex<Hist>,
-    realtime: Mutex<Hist>,
-    backlog: Mutex<Hist>,
-    catch_up: Mutex<Histogram<u64>>,
+    shards: Box<[Mutex<Shard>]>,
     series: Mutex<Vec<Tick>>,
     notes: Mutex<Vec<String>>,
 }
 
 impl Recorder {
     pub fn new() -> Arc<Recorder> {
+        // Twice the cores: the runtime's threads rarely share a shard.
+        let shards = (crate::cpu::cores() * 2).clamp(4, 64);
         Arc::new(Recorder {
             started: Instant::now(),
             sends: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            unsent_due: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             backlog_delivered: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
             histories: AtomicU64::new(0),
             online: AtomicI64::new(0),
-            send_ack: Hist::new(),
-            realtime: Hist::new(),
-            backlog: Hist::new(),
-            catch_up: Mutex::new(histogram()),
+            shards: (0..shards).map(|_| Shard::new()).collect(),
             series: Mutex::new(Vec::new()),
             notes: Mutex::new(Vec::new()),
         })
+    }
+
+    /// This thread's shard (uncontended but for the monitor's reads once a tick).
+    fn shard(&self) -> std::sync::MutexGuard<'_, Shard> {
+        self.shards[thread_index() % self.shards.len()].lock().expect("histograms")
+    }
+
+    /// One histogram of every shard, merged.
+    fn merged(&self, pick: impl Fn(&Shard) -> &Histogram<u64>) -> Histogram<u64> {
+        let mut out = histogram();
+        for s in self.shards.iter() {
+            out.add(pick(&s.lock().expect("histograms"))).expect("same bounds");
+        }
+        out
+    }
+
+    /// The current tick's values of one histogram at quantiles `q` (ms), over every
+    /// shard; the tick's histograms start again.
+    fn take_window(&self, pick: impl Fn(&mut Shard) -> &mut Histogram<u64>, q: &[f64]) -> Vec<f64> {
+        let mut h = histogram();
+        for s in self.shards.iter() {
+            let mut s = s.lock().expect("histograms");
+            let w = pick(&mut s);
+            h.add(&*w).expect("same bounds");
+            w.reset();
+        }
+        q.iter().map(|q| h.value_at_quantile(*q) as f64 / 1000.0).collect()
     }
 
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
 
+    /// A send without a schedule was acknowledged `took` after it went out.
     pub fn send_acked(&self, took: Duration) {
+        self.send_done(took, took);
+    }
+
+    /// A send was acknowledged, `from_due` after its schedule wanted it sent and
+    /// `from_sent` after it went out.
+    pub fn send_done(&self, from_due: Duration, from_sent: Duration) {
         self.sends.fetch_add(1, Ordering::Relaxed);
-        self.send_ack.lock().expect("histogram").record(took.as_micros() as u64);
+        let mut s = self.shard();
+        s.send_ack.record(micros(from_due));
+        let _ = s.send_ack_actual.record(micros(from_sent));
+    }
+
+    /// A scheduled send went out `lag` after it was due, `own` of it with a send slot free
+    /// (the load generator's own delay).
+    pub fn send_issued(&self, lag: Duration, own: Duration) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.shard();
+        s.send_lag.record(micros(lag));
+        let _ = s.own_lag.record(micros(own));
     }
 
     /// A line in the series at the next tick (chaos actions, phase changes).
@@ -122,17 +215,33 @@ impl Recorder {
         self.notes.lock().expect("notes").push(text);
     }
 
+    /// Send to ack, from when the send was due.
     pub fn send_ack(&self) -> Pct {
-        Pct::of(&self.send_ack.lock().expect("histogram").total)
+        Pct::of(&self.merged(|s| &s.send_ack.total))
     }
+    /// Send to ack, from when the send went out.
+    pub fn send_ack_from_actual(&self) -> Pct {
+        Pct::of(&self.merged(|s| &s.send_ack_actual))
+    }
+    /// Realtime delivery, from when the send was due.
     pub fn realtime(&self) -> Pct {
-        Pct::of(&self.realtime.lock().expect("histogram").total)
+        Pct::of(&self.merged(|s| &s.realtime.total))
+    }
+    /// Realtime delivery, from when the send went out.
+    pub fn realtime_from_actual(&self) -> Pct {
+        Pct::of(&self.merged(|s| &s.realtime_actual))
+    }
+    pub fn send_lag(&self) -> Pct {
+        Pct::of(&self.merged(|s| &s.send_lag.total))
+    }
+    pub fn own_lag(&self) -> Pct {
+        Pct::of(&self.merged(|s| &s.own_lag))
     }
     pub fn backlog(&self) -> Pct {
-        Pct::of(&self.backlog.lock().expect("histogram").total)
+        Pct::of(&self.merged(|s| &s.backlog))
     }
     pub fn catch_up(&self) -> Pct {
-        Pct::of(&self.catch_up.lock().expect("histogram"))
+        Pct::of(&self.merged(|s| &s.catch_up))
     }
     pub fn series(&self) -> Vec<Tick> {
         self.series.lock().expect("series").clone()
@@ -168,14 +277,9 @@ impl Recorder {
                 tick.tick().await;
                 let secs = every.as_secs_f64();
                 let (s, d) = (rec.sends.load(Ordering::Relaxed), rec.delivered.load(Ordering::Relaxed));
-                let window = |h: &Mutex<Hist>, q: &[f64]| {
-                    let mut h = h.lock().expect("histogram");
-                    let out: Vec<f64> = q.iter().map(|q| h.window.value_at_quantile(*q) as f64 / 1000.0).collect();
-                    h.window.reset();
-                    out
-                };
-                let ack = window(&rec.send_ack, &[0.99]);
-                let rt = window(&rec.realtime, &[0.5, 0.99]);
+                let ack = rec.take_window(|s| &mut s.send_ack.window, &[0.99]);
+                let lag = rec.take_window(|s| &mut s.send_lag.window, &[0.99]);
+                let rt = rec.take_window(|s| &mut s.realtime.window, &[0.5, 0.99]);
                 let notes = std::mem::take(&mut *rec.notes.lock().expect("notes"));
                 let t = Tick {
                     t_s: rec.elapsed().as_secs_f64(),
@@ -183,6 +287,7 @@ impl Recorder {
                     deliveries_per_s: (d - delivered) as f64 / secs,
                     backlog_delivered: rec.backlog_delivered.load(Ordering::Relaxed),
                     send_ack_p99_ms: ack[0],
+                    send_lag_p99_ms: lag[0],
                     realtime_p50_ms: rt[0],
                     realtime_p99_ms: rt[1],
                     online: rec.online.load(Ordering::Relaxed),
@@ -192,10 +297,11 @@ impl Recorder {
                 if printed.elapsed() >= Duration::from_millis(990) {
                     printed = Instant::now();
                     eprintln!(
-                        "[{:>6.1}s] {label}: sends {:>6.0}/s (ack p99 {:>6.1} ms, errors {})  deliveries {:>7.0}/s (realtime p99 {:>6.1} ms)  backlog delivered {}  online {}",
+                        "[{:>6.1}s] {label}: sends {:>6.0}/s (ack p99 {:>6.1} ms, lag p99 {:>6.1} ms, errors {})  deliveries {:>7.0}/s (realtime p99 {:>6.1} ms)  backlog delivered {}  online {}",
                         t.t_s,
                         t.sends_per_s,
                         t.send_ack_p99_ms,
+                        t.send_lag_p99_ms,
                         rec.send_errors.load(Ordering::Relaxed),
                         t.deliveries_per_s,
                         t.realtime_p99_ms,
@@ -209,37 +315,43 @@ impl Recorder {
     }
 }
 
-/// When the load-test sent a message (`t0` in its body, microseconds).
-fn sent_at(msg: &Message) -> Option<u64> {
+/// When the load-test's schedule wanted a message sent (`ti` in its body, else `t0`) and
+/// when it was sent (`t0`), in wall-clock microseconds.
+fn sent_at(msg: &Message) -> Option<(u64, u64)> {
     #[derive(serde::Deserialize)]
     struct Body {
         t0: Option<u64>,
+        ti: Option<u64>,
     }
-    serde_json::from_str::<Body>(msg.body.get()).ok().and_then(|b| b.t0)
+    let b = serde_json::from_str::<Body>(msg.body.get()).ok()?;
+    b.t0.map(|t0| (b.ti.unwrap_or(t0), t0))
 }
 
 impl Observer for Recorder {
     fn message(&self, msg: &Message, via: Via, into_session: Duration) {
         self.delivered.fetch_add(1, Ordering::Relaxed);
-        let age = sent_at(msg).map(|t0| micros_now().saturating_sub(t0));
+        let now = micros_now();
+        let age = sent_at(msg).map(|(due, sent)| (now.saturating_sub(due), now.saturating_sub(sent)));
         match via {
             Via::Realtime => {
-                if let Some(age) = age {
-                    self.realtime.lock().expect("histogram").record(age);
+                if let Some((from_due, from_sent)) = age {
+                    let mut s = self.shard();
+                    s.realtime.record(from_due);
+                    let _ = s.realtime_actual.record(from_sent.max(1));
                 }
             }
             Via::Backlog | Via::Sync => {
                 self.backlog_delivered.fetch_add(1, Ordering::Relaxed);
                 // Backlog latency counts from when the device came back, not from the send.
                 let since = into_session.as_micros() as u64;
-                self.backlog.lock().expect("histogram").record(age.map_or(since, |a| a.min(since)));
+                let _ = self.shard().backlog.record(age.map_or(since, |(_, sent)| sent.min(since)).max(1));
             }
         }
     }
 
     fn caught_up(&self, after: Duration) {
         self.caught_up.fetch_add(1, Ordering::Relaxed);
-        let _ = self.catch_up.lock().expect("histogram").record((after.as_micros() as u64).max(1));
+        let _ = self.shard().catch_up.record((after.as_micros() as u64).max(1));
     }
 
     fn online(&self, up: bool) {
@@ -250,5 +362,65 @@ impl Observer for Recorder {
         if matches!(frame, ServerFrame::History(_)) {
             self.histories.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_every_thread_are_merged_and_a_tick_starts_afresh() {
+        let rec = Recorder::new();
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let rec = &rec;
+                s.spawn(move || {
+                    for k in 1..=1000u64 {
+                        rec.send_acked(Duration::from_micros(t * 1000 + k));
+                    }
+                });
+            }
+        });
+        let p = rec.send_ack();
+        assert_eq!((p.count, rec.sends.load(Ordering::Relaxed)), (8000, 8000));
+        assert!((p.max - 8.0).abs() < 0.01, "{p:?}");
+        let tick = rec.take_window(|s| &mut s.send_ack.window, &[0.5, 1.0]);
+        assert!((tick[1] - 8.0).abs() < 0.01, "{tick:?}");
+        assert_eq!(rec.take_window(|s| &mut s.send_ack.window, &[1.0]), [0.0], "the tick's histograms were reset");
+        assert_eq!(rec.send_ack().count, 8000, "the run's are kept");
+    }
+
+    fn msg(body: serde_json::Value) -> Message {
+        Message {
+            id: herald_shared::ids::MsgId(1),
+            conv: "c".into(),
+            seq: 1,
+            from: "u".into(),
+            cmid: "m0".into(),
+            ts: 0,
+            body: serde_json::value::to_raw_value(&body).unwrap(),
+        }
+    }
+
+    #[test]
+    fn latencies_count_from_the_due_time_and_from_the_send() {
+        let rec = Recorder::new();
+        // due 300 ms ago, sent 100 ms ago (the sender was 200 ms behind), acked now
+        rec.send_done(Duration::from_millis(300), Duration::from_millis(100));
+        rec.send_issued(Duration::from_millis(200), Duration::from_millis(5));
+        let now = micros_now();
+        rec.message(&msg(serde_json::json!({"t0": now - 100_000, "ti": now - 300_000})), Via::Realtime, Duration::ZERO);
+        // a body without a due time (a send without a schedule) counts from its send
+        rec.message(&msg(serde_json::json!({"t0": now - 40_000})), Via::Realtime, Duration::ZERO);
+        let near = |v: f64, want: f64| (v - want).abs() < want * 0.05 + 2.0;
+        let (ack, ack_sent) = (rec.send_ack(), rec.send_ack_from_actual());
+        assert!(near(ack.max, 300.0) && near(ack_sent.max, 100.0), "{ack:?} {ack_sent:?}");
+        let (rt, rt_sent) = (rec.realtime(), rec.realtime_from_actual());
+        assert_eq!((rt.count, rt_sent.count), (2, 2));
+        assert!(near(rt.max, 300.0) && near(rt_sent.max, 100.0), "{rt:?} {rt_sent:?}");
+        assert!(near(rt.p50, 40.0) && near(rt_sent.p50, 40.0), "{rt:?} {rt_sent:?}");
+        assert!(near(rec.send_lag().max, 200.0) && near(rec.own_lag().max, 5.0));
+        assert_eq!((rec.sends.load(Ordering::Relaxed), rec.sent.load(Ordering::Relaxed)), (1, 1));
     }
 }

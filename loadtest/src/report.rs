@@ -9,8 +9,10 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::cpu::CpuReport;
 use crate::engine::{Pct, Tick};
 use crate::integrity::IntegrityReport;
+use crate::load::LoadReport;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ScenarioReport {
@@ -22,17 +24,33 @@ pub struct ScenarioReport {
     pub acknowledged_sends: u64,
     pub send_errors: u64,
     pub sends_per_s: f64,
+    /// Send to ack, from when the sender's open-loop schedule had the send due (no
+    /// coordinated omission: a send held back by a slow server counts its wait).
     pub send_ack_ms: Pct,
+    /// Send to ack, from when the send went out (absent from older reports).
+    #[serde(default)]
+    pub send_ack_from_actual_ms: Pct,
     pub deliveries: u64,
     /// Deliveries (each acked by its device) per second of the send window.
     pub deliveries_per_s: f64,
+    /// Send to device, from when the send was due.
     pub delivery_realtime_ms: Pct,
+    /// Send to device, from when the send went out (absent from older reports).
+    #[serde(default)]
+    pub delivery_realtime_from_actual_ms: Pct,
     pub delivery_backlog_ms: Pct,
     /// Every session: upgrade to `caught_up`.
     pub catch_up_ms: Pct,
     /// Sessions after a device's first (reconnects after a fault).
     pub reconnect_catch_up_ms: Pct,
     pub integrity: IntegrityReport,
+    /// What each process spent over the send window, per message (absent from older reports).
+    #[serde(default)]
+    pub cpu: Option<CpuReport>,
+    /// Offered against achieved, the send lag and which side was the limit (absent from
+    /// older reports and from scenarios without paced senders).
+    #[serde(default)]
+    pub load: Option<LoadReport>,
     pub series: Vec<Tick>,
     pub extra: Value,
 }
@@ -67,9 +85,26 @@ pub fn markdown(r: &ScenarioReport, prefix: &str) -> String {
         "{} sends acknowledged in {:.1} s ({:.0} msg/s, {} gave up), {} deliveries acked by devices ({:.0}/s over the send window); run {:.1} s.\n",
         r.acknowledged_sends, r.send_window_s, r.sends_per_s, r.send_errors, r.deliveries, r.deliveries_per_s, r.duration_s
     );
+    if let Some(l) = &r.load {
+        s.push_str(&crate::load::markdown(l));
+    }
+    s.push_str("Latencies count from when each send was due by its sender's open-loop schedule (the \"from the actual send\" rows: from when it went out).\n\n");
     s.push_str("| latency (ms) | count | p50 | p95 | p99 | max |\n|---|---|---|---|---|---|\n");
-    s.push_str(&pct_row("send to ack (HTTP 200)", &r.send_ack_ms));
-    s.push_str(&pct_row("delivery, realtime (send to device)", &r.delivery_realtime_ms));
+    let via = match r.load.as_ref().map(|l| l.via.as_str()) {
+        Some("ws") => "`sent`",
+        _ => "HTTP 200",
+    };
+    s.push_str(&pct_row(&format!("send to ack ({via}), from the due time"), &r.send_ack_ms));
+    s.push_str(&pct_row(&format!("send to ack ({via}), from the actual send"), &r.send_ack_from_actual_ms));
+    s.push_str(&pct_row("delivery, realtime (send to device), from the due time", &r.delivery_realtime_ms));
+    s.push_str(&pct_row(
+        "delivery, realtime (send to device), from the actual send",
+        &r.delivery_realtime_from_actual_ms,
+    ));
+    if let Some(l) = &r.load {
+        s.push_str(&pct_row("send lag (actual send after its due time)", &l.send_lag_ms));
+        s.push_str(&pct_row("send lag the load generator caused (a send slot was free)", &l.own_lag_ms));
+    }
     s.push_str(&pct_row("delivery, backlog (reconnect to device)", &r.delivery_backlog_ms));
     s.push_str(&pct_row("session catch-up (upgrade to caught_up)", &r.catch_up_ms));
     s.push_str(&pct_row("catch-up after a reconnect", &r.reconnect_catch_up_ms));
@@ -79,6 +114,9 @@ pub fn markdown(r: &ScenarioReport, prefix: &str) -> String {
         "\nIntegrity: {} acknowledged; **{} lost, {} shown twice, {} out of order**; {} repeats on the wire (dropped by id), {} recovered by `sync`.\n",
         i.acknowledged, i.lost, i.shown_twice, i.out_of_order, i.repeats_on_wire, i.recovered_by_sync
     );
+    if let Some(cpu) = &r.cpu {
+        s.push_str(&crate::cpu::markdown(cpu));
+    }
     if let Some(map) = r.extra.as_object() {
         let mut extra: Vec<String> = Vec::new();
         for (k, v) in map {
@@ -129,6 +167,7 @@ pub fn charts(r: &ScenarioReport) -> Vec<(String, String)> {
                 "ms",
                 &[
                     ("send-ack p99", "#d62728", pts(&|t| t.send_ack_p99_ms)),
+                    ("send lag p99", "#7f7f7f", pts(&|t| t.send_lag_p99_ms)),
                     ("realtime delivery p50", "#1f77b4", pts(&|t| t.realtime_p50_ms)),
                     ("realtime delivery p99", "#ff7f0e", pts(&|t| t.realtime_p99_ms)),
                 ],
@@ -230,7 +269,7 @@ pub fn line_chart(title: &str, y_label: &str, series: &[Series], marks: &[(f64, 
                 path.join(" ")
             );
         }
-        let lx = left + 10.0 + 200.0 * k as f64;
+        let lx = left + 10.0 + (200.0f64).min((w - left - right) / series.len() as f64) * k as f64;
         let _ = writeln!(
             s,
             r#"<rect x="{lx:.1}" y="{:.1}" width="12" height="3" fill="{color}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
@@ -331,6 +370,43 @@ pub fn capacity(dir: &Path, out: &Path, machine: &str) -> Result<()> {
             i.recovered_by_sync,
             if r.reconnect_catch_up_ms.count > 0 { format!("{:.0}", r.reconnect_catch_up_ms.p99) } else { "-".into() }
         );
+    }
+    if reports.iter().any(|r| r.load.is_some()) {
+        s.push_str("\n## Offered against achieved\n\n| scenario | offered msg/s | achieved msg/s | senders | send lag p99 (ms) | load generator CPU (cores) | verdict |\n|---|---|---|---|---|---|---|\n");
+        for r in reports.iter().filter(|r| r.load.is_some()) {
+            let l = r.load.as_ref().expect("filtered");
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {:.0} | {} over {}, {} in flight each | {:.0} | {} | {} |",
+                r.scenario,
+                l.offered_per_s.map_or("closed loop".into(), |o| format!("{o:.0}")),
+                l.achieved_per_s,
+                l.senders,
+                l.via,
+                l.in_flight,
+                l.send_lag_ms.p99,
+                l.generator_cores.map_or("-".into(), |c| format!("{c:.2}")),
+                l.verdict
+            );
+        }
+    }
+    if reports.iter().any(|r| r.cpu.is_some()) {
+        s.push_str("\n## CPU per acknowledged message (µs, over each send window)\n\n| scenario | server | gateways | workers | mariadb | redis | load-test |\n|---|---|---|---|---|---|---|\n");
+        for r in reports.iter().filter(|r| r.cpu.is_some()) {
+            let per = &r.cpu.as_ref().expect("filtered").us_per_message;
+            let us = |n: &str| per.get(n).map_or("-".into(), |v| format!("{v:.0}"));
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {} | {} | {} | {} | {} |",
+                r.scenario,
+                us("server"),
+                us("gateways"),
+                us("workers"),
+                us("mariadb"),
+                us("redis"),
+                us("loadtest")
+            );
+        }
     }
     s.push_str("\n## Scenarios\n\n");
     for r in &reports {

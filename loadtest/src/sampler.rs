@@ -220,12 +220,12 @@ pub fn kind_of<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
 }
 
 /// A `name:value` field of Redis's INFO.
-fn info_field(info: &str, name: &str) -> Option<f64> {
+pub(crate) fn info_field(info: &str, name: &str) -> Option<f64> {
     info.lines().find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':')?.parse().ok())
 }
 
 /// The first value of a metric in Prometheus's text format (labelled or not).
-fn metric(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
         let rest = l.strip_prefix(name)?;
         let value = match rest.strip_prefix('{') {

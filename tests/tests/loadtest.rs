@@ -139,6 +139,146 @@ async fn steady_fanout_storm_and_idle_deliver_everything_and_report() {
     assert!(md.contains("| `storm` |"), "an integrity row per scenario");
 }
 
+/// `--admin NAME=URL` of every process and the cluster's `--redis-url`, for the CPU table.
+fn measure(c: &Cluster) -> Vec<String> {
+    let mut args: Vec<String> = c
+        .workers
+        .iter()
+        .chain(&c.gateways)
+        .flat_map(|p| ["--admin".to_string(), format!("{}={}", p.name, p.admin_url())])
+        .collect();
+    args.extend(["--redis-url".to_string(), c.redis_url.clone()]);
+    args
+}
+
+fn with<'a>(args: &[&'a str], more: &'a [String]) -> Vec<&'a str> {
+    args.iter().copied().chain(more.iter().map(String::as_str)).collect()
+}
+
+/// A total's CPU microseconds per acknowledged message.
+fn us_per_message(r: &Value, total: &str) -> f64 {
+    r["cpu"]["us_per_message"][total].as_f64().unwrap_or_else(|| panic!("no CPU per message for {total}: {}", r["cpu"]))
+}
+
+fn pct(r: &Value, field: &str) -> (u64, f64, f64) {
+    let p = &r[field];
+    (
+        p["count"].as_u64().unwrap_or_else(|| panic!("no {field}")),
+        p["p50"].as_f64().unwrap(),
+        p["p99"].as_f64().unwrap(),
+    )
+}
+
+/// The CPU table of a report: per message for the gateways, the workers, Redis, the
+/// server and the load-test, and a row per process measured.
+fn assert_cpu(c: &Cluster, r: &Value) {
+    let cpu = &r["cpu"];
+    assert!(cpu["messages"].as_u64().unwrap() > 0 && cpu["window_s"].as_f64().unwrap() > 2.5, "{cpu}");
+    for total in ["gateways", "workers", "redis", "server", "loadtest"] {
+        assert!(us_per_message(r, total) > 0.0, "{total}: {cpu}");
+    }
+    assert!(us_per_message(r, "server") >= us_per_message(r, "gateways") + us_per_message(r, "workers"));
+    let names: Vec<&str> = cpu["processes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    for p in c.workers.iter().chain(&c.gateways) {
+        assert!(names.contains(&p.name.as_str()), "{} has its row: {names:?}", p.name);
+    }
+    assert!(names.contains(&"redis (INFO cpu)"), "{names:?}");
+}
+
+/// Offered against achieved: the schedule was kept at this small rate, latencies count
+/// from the due time (never less than from the actual send), and a verdict says so.
+fn assert_load(r: &Value, via: &str) {
+    let load = &r["load"];
+    let (offered, achieved) = (load["offered_per_s"].as_f64().unwrap(), load["achieved_per_s"].as_f64().unwrap());
+    assert!(achieved > 0.0 && achieved <= offered * 1.05, "achieved {achieved} of {offered}");
+    assert_eq!(load["via"], via);
+    assert_eq!(load["sent"].as_u64(), r["acknowledged_sends"].as_u64(), "every send that went out was acknowledged");
+    let verdict = load["verdict"].as_str().unwrap();
+    assert!(["not saturated", "limit: "].iter().any(|v| verdict.starts_with(v)), "{verdict}");
+    assert!(load["generator_cores"].as_f64().unwrap() > 0.0, "{load}");
+    let (lags, ..) = pct(load, "send_lag_ms");
+    assert_eq!(lags, load["sent"].as_u64().unwrap(), "a send lag per send");
+    for (due, sent) in
+        [("send_ack_ms", "send_ack_from_actual_ms"), ("delivery_realtime_ms", "delivery_realtime_from_actual_ms")]
+    {
+        let ((n_due, p50_due, p99_due), (n_sent, p50_sent, p99_sent)) = (pct(r, due), pct(r, sent));
+        assert!(n_due > 0 && n_due == n_sent, "{due} {n_due} / {sent} {n_sent}");
+        assert!(
+            p50_due >= p50_sent && p99_due >= p99_sent,
+            "{due} {p50_due}/{p99_due} >= {sent} {p50_sent}/{p99_sent}"
+        );
+    }
+}
+
+/// `steady` over HTTP with every process measured: the CPU each spent per message,
+/// offered against achieved, and the latencies from the due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_reports_cpu_per_message_and_offered_against_achieved() {
+    let c = cluster("lt-measure", 1).await;
+    let m = measure(&c);
+    let (code, r) = run(&c, &with(&["steady", "--conversations", "20", "--rate", "200", "--duration", "3"], &m)).await;
+    let r = r.expect("steady report");
+    assert_eq!(code, 0, "steady");
+    assert_clean(&r);
+    assert_cpu(&c, &r);
+    assert_load(&r, "http");
+    let md = std::fs::read_to_string(out_dir(&c).join("steady.md")).unwrap();
+    for text in [
+        "| process | CPU s | cores busy | µs per message | µs per delivery |",
+        "| **server** |",
+        "Offered 200 msg/s (open loop, 20 senders over http, up to 1 in flight each)",
+        "| send to ack (HTTP 200), from the due time |",
+        "| send to ack (HTTP 200), from the actual send |",
+        "| send lag (actual send after its due time) |",
+    ] {
+        assert!(md.contains(text), "{text:?} in:\n{md}");
+    }
+}
+
+/// Senders over their own WebSocket sessions (`send` answered by `sent`), a few sends in
+/// flight each: everything is delivered once and in order, measured as over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn senders_over_websocket_deliver_everything_and_are_measured() {
+    let c = cluster("lt-ws", 1).await;
+    let m = measure(&c);
+    let (code, r) = run(
+        &c,
+        &with(
+            &["steady", "--conversations", "20", "--rate", "200", "--duration", "3", "--via", "ws", "--in-flight", "4"],
+            &m,
+        ),
+    )
+    .await;
+    let r = r.expect("steady report");
+    assert_eq!(code, 0, "steady over ws");
+    assert_clean(&r);
+    assert_eq!(r["send_errors"].as_u64(), Some(0));
+    assert!(
+        r["deliveries"].as_u64().unwrap() >= r["acknowledged_sends"].as_u64().unwrap(),
+        "1:1: one delivery per send"
+    );
+    assert_eq!(r["load"]["in_flight"].as_u64(), Some(4));
+    assert_cpu(&c, &r);
+    assert_load(&r, "ws");
+    let md = std::fs::read_to_string(out_dir(&c).join("steady.md")).unwrap();
+    assert!(md.contains("| send to ack (`sent`), from the due time |"), "{md}");
+
+    let (code, r) = run(
+        &c,
+        &with(&["fanout", "--receivers", "60", "--group", "30", "--rate", "20", "--duration", "3", "--via", "ws"], &m),
+    )
+    .await;
+    let r = r.expect("fanout report");
+    assert_eq!(code, 0, "fanout over ws");
+    assert_clean(&r);
+    let sends = r["acknowledged_sends"].as_u64().unwrap();
+    assert!(r["deliveries"].as_u64().unwrap() >= 30 * sends, "every group message reaches its 30 members");
+    assert_cpu(&c, &r);
+    assert_load(&r, "ws");
+    let server = r["cpu"]["totals"].as_array().unwrap().iter().find(|t| t["name"] == "server").unwrap();
+    assert!(server["us_per_delivery"].as_f64().unwrap() > 0.0, "fan-out is costed per delivery too: {server}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kills_a_gateway_and_a_worker_under_load_and_loses_nothing() {
     let c = cluster("lt-chaos", 2).await;

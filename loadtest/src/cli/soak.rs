@@ -1,10 +1,13 @@
 //! The options of `soak`: steady traffic, device churn, what is sampled and how the
 //! slope test judges it.
 
-use clap::{ArgAction, Args};
+use clap::Args;
 
 use super::TargetArgs;
 use crate::sampler::AdminUrl;
+
+/// The Redis a soak samples when `--redis-url` is not given.
+pub const SOAK_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 
 #[derive(Debug, Clone, Args)]
 pub struct Soak {
@@ -51,18 +54,12 @@ pub struct Soak {
     /// Messages are kept `worker.retention_days` (whole days, longer than a soak); `none` checks all.
     #[arg(long, value_name = "SERIES", default_values_t = ["rows.messages".to_string()])]
     pub exempt: Vec<String>,
-    /// Redis of the cluster (standalone), for its memory above the level before the run and the key counts.
-    #[arg(long, value_name = "URL", default_value = "redis://127.0.0.1:6379/0")]
-    pub redis_url: String,
     /// The cluster's redis_key_prefix: keys counted are `PREFIX:*`.
     #[arg(long, value_name = "PREFIX", default_value = "hd")]
     pub redis_prefix: String,
     /// The cluster's MySQL database, for table rows and write counters.
     #[arg(long, value_name = "URL", default_value = "mysql://root@127.0.0.1:3306/herald")]
     pub mysql_url: String,
-    /// A process's admin listener ([NAME=]URL), whose /metrics give its RSS and CPU; repeat for more.
-    #[arg(long = "admin", value_name = "[NAME=]URL", action = ArgAction::Append)]
-    pub admins: Vec<AdminUrl>,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -71,5 +68,15 @@ impl Soak {
     /// Seconds of warm-up: given, or a fifth of the run.
     pub fn warmup_s(&self) -> f64 {
         self.warmup.unwrap_or(self.duration * 0.2)
+    }
+
+    /// The Redis sampled: `--redis-url`, or the local one.
+    pub fn redis_url(&self) -> &str {
+        self.target.measure.redis_url.as_deref().unwrap_or(SOAK_REDIS_URL)
+    }
+
+    /// The processes whose /metrics are sampled (`--admin`).
+    pub fn admins(&self) -> &[AdminUrl] {
+        &self.target.measure.admins
     }
 }

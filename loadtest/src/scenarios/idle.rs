@@ -109,5 +109,13 @@ pub async fn idle(args: &cli::Idle) -> Result<ScenarioReport> {
         "settle_s": settle.as_secs_f64(),
     });
     let delivered = rec.delivered.load(Ordering::Relaxed);
-    Ok(report("idle", params, &rec, send_window, delivered, &Finished { integrity, logs }, extra))
+    Ok(report(
+        "idle",
+        params,
+        &rec,
+        send_window,
+        delivered,
+        &Finished { integrity, logs, cpu: None, load: None },
+        extra,
+    ))
 }

@@ -13,10 +13,13 @@ use futures::future::join_all;
 use herald_client::device::{Device, DeviceLog};
 use serde_json::{json, Value};
 
-use crate::cli::{self, Action, Traffic};
+use crate::cli::{self, Action, Measure, Traffic};
+use crate::cpu::{self, CpuMeter, CpuReport, Snapshot};
 use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
 use crate::integrity::IntegrityReport;
+use crate::load::{self, LoadReport, Observed};
 use crate::report::ScenarioReport;
+use crate::senders::{self, SendVia, SenderOptions};
 
 mod churn;
 mod idle;
@@ -91,6 +94,86 @@ fn reconnect_catch_ups(logs: &[(String, DeviceLog)]) -> Pct {
 struct Finished {
     integrity: IntegrityReport,
     logs: Vec<(String, DeviceLog)>,
+    /// What the send window cost (`None`: not measured).
+    cpu: Option<CpuReport>,
+    /// Offered against achieved, and the limit (`None`: the scenario has no such senders).
+    load: Option<LoadReport>,
+}
+
+/// How the senders of a scenario sent, for [`load_report`].
+struct Offer {
+    via: SendVia,
+    senders: usize,
+    in_flight: usize,
+    /// msg/s (`None`: closed loop).
+    rate: Option<f64>,
+}
+
+/// Offered against achieved over the send window, and the verdict on which side was the limit.
+fn load_report(rec: &Recorder, offer: Offer, achieved: f64, cpu: &CpuReport) -> LoadReport {
+    let (lag, own) = (rec.send_lag(), rec.own_lag());
+    let generator_cores = cpu.total("loadtest").and_then(|r| r.cores);
+    let observed = Observed {
+        offered: offer.rate,
+        achieved,
+        lag_p99_ms: lag.p99,
+        own_lag_p99_ms: own.p99,
+        generator_cores,
+        server_cores: cpu.total("server").and_then(|r| r.cores),
+        cores: cpu.cores,
+        machine_busy: cpu.machine_busy,
+    };
+    let (limit, verdict) = load::verdict(&observed);
+    rec.note(verdict.clone());
+    LoadReport {
+        via: offer.via.name().into(),
+        senders: offer.senders,
+        in_flight: offer.in_flight,
+        offered_per_s: offer.rate,
+        achieved_per_s: achieved,
+        sent: rec.sent.load(Ordering::Relaxed),
+        unsent_due: rec.unsent_due.load(Ordering::Relaxed),
+        send_lag_ms: lag,
+        own_lag_ms: own,
+        generator_cores,
+        generator_share: generator_cores.map(|c| c / cpu.cores.max(1) as f64),
+        machine_busy: cpu.machine_busy,
+        limit: Some(limit),
+        verdict,
+    }
+}
+
+/// The CPU readings and counters at the start of the measured send window.
+struct Window {
+    cpu: Snapshot,
+    sends: u64,
+    delivered: u64,
+}
+
+impl Window {
+    async fn open(meter: &CpuMeter, rec: &Recorder) -> Window {
+        let cpu = meter.snapshot().await;
+        Window { cpu, sends: rec.sends.load(Ordering::Relaxed), delivered: rec.delivered.load(Ordering::Relaxed) }
+    }
+
+    /// What the window cost, per message acknowledged and delivery made in it.
+    async fn close(self, meter: &CpuMeter, rec: &Recorder) -> CpuReport {
+        let after = meter.snapshot().await;
+        let sends = rec.sends.load(Ordering::Relaxed) - self.sends;
+        let delivered = rec.delivered.load(Ordering::Relaxed) - self.delivered;
+        let c = cpu::account(&self.cpu, &after, sends, delivered, cpu::cores());
+        let us = |n: &str| c.us_per_message.get(n).map_or("-".into(), |v| format!("{v:.0}"));
+        rec.note(format!(
+            "CPU per message: server {} us (gateways {}, workers {}, mariadb {}, redis {}), load-test {} us",
+            us("server"),
+            us("gateways"),
+            us("workers"),
+            us("mariadb"),
+            us("redis"),
+            us("loadtest")
+        ));
+        c
+    }
 }
 
 fn report(
@@ -112,13 +195,17 @@ fn report(
         send_errors: rec.send_errors.load(Ordering::Relaxed),
         sends_per_s: sends as f64 / send_window.max(1e-9),
         send_ack_ms: rec.send_ack(),
+        send_ack_from_actual_ms: rec.send_ack_from_actual(),
         deliveries: rec.delivered.load(Ordering::Relaxed),
         deliveries_per_s: deliveries_in_window as f64 / send_window.max(1e-9),
         delivery_realtime_ms: rec.realtime(),
+        delivery_realtime_from_actual_ms: rec.realtime_from_actual(),
         delivery_backlog_ms: rec.backlog(),
         catch_up_ms: rec.catch_up(),
         reconnect_catch_up_ms: reconnect_catch_ups(&done.logs),
         integrity: done.integrity.clone(),
+        cpu: done.cpu.clone(),
+        load: done.load.clone(),
         series: rec.series(),
         extra,
     }
@@ -126,19 +213,22 @@ fn report(
 
 /// Live traffic into `convs` for `duration`, then settle and check; `actions` run on
 /// their time. Shared by `steady`, `fanout` and `chaos`.
+#[allow(clippy::too_many_arguments)]
 async fn live(
     name: &'static str,
     traffic: &Traffic,
     actions: Vec<Action>,
     target: &Target,
+    measure: &Measure,
     convs: Vec<Conv>,
     kind: &str,
     params: Value,
 ) -> Result<ScenarioReport> {
-    let Traffic { rate, payload, .. } = *traffic;
+    let Traffic { rate, payload, via, in_flight, .. } = *traffic;
     ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
     ensure!(traffic.duration >= 0.0, "--duration must be >= 0");
     let duration = Duration::from_secs_f64(traffic.duration);
+    let meter = CpuMeter::new(measure).await?;
 
     engine::provision(target, &convs, kind).await?;
     let users = receivers(&convs);
@@ -151,10 +241,14 @@ async fn live(
 
     let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
+    let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
+    let in_flight = in_flight as usize;
+    let ready = senders::connect(target, &convs, via).await?;
+    let window = Window::open(&meter, &rec).await;
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
     let send_start = Instant::now();
-    let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
-    let senders = engine::spawn_senders(target, &convs, &plan, &rec, &acked, &stop);
+    let opts = SenderOptions { in_flight, until: Some(send_start + duration) };
+    let senders = senders::spawn(ready, &convs, &plan, opts, &rec, &acked, &stop);
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let chaos = {
         let (rec, outcomes) = (rec.clone(), outcomes.clone());
@@ -184,6 +278,9 @@ async fn live(
     join_all(senders).await;
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    let cpu = window.close(&meter, &rec).await;
+    let offer = Offer { via, senders: convs.len(), in_flight, rate: (rate > 0.0).then_some(rate) };
+    let load = load_report(&rec, offer, rec.sends.load(Ordering::Relaxed) as f64 / send_window.max(1e-9), &cpu);
     chaos.await?;
     let settle = engine::settle(&rec, users.len(), Duration::from_secs(3), Duration::from_secs(180)).await;
     rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
@@ -197,18 +294,18 @@ async fn live(
         "settle_s": settle.as_secs_f64(),
         "actions": *outcomes.lock().expect("outcomes"),
     });
-    let done = Finished { integrity, logs };
+    let done = Finished { integrity, logs, cpu: Some(cpu), load: Some(load) };
     Ok(report(name, params, &rec, send_window, delivered_in_window, &done, extra))
 }
 
 /// `steady`: `--conversations` direct conversations, a device online for each
-/// recipient, `--rate` sends per second over HTTP.
+/// recipient, `--rate` sends per second (over HTTP, or WebSocket with `--via ws`).
 pub async fn steady(args: &cli::Steady) -> Result<ScenarioReport> {
     let target = Target::from_args(&args.target)?;
     let (n, t) = (args.conversations, &args.traffic);
     ensure!(n > 0, "--conversations must be at least 1");
     let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
-    live("steady", t, Vec::new(), &target, pairs(&target, n), "direct", params).await
+    live("steady", t, args.action.clone(), &target, &args.target.measure, pairs(&target, n), "direct", params).await
 }
 
 /// `fanout`: `--receivers` devices in groups of `--group` (up to 1 000), one sender
@@ -219,7 +316,8 @@ pub async fn fanout(args: &cli::Fanout) -> Result<ScenarioReport> {
     ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
     ensure!(n > 0, "--receivers must be at least 1");
     let params = json!({"receivers": n, "group": size, "rate": t.rate, "duration_s": t.duration, "payload_bytes": t.payload, "gateways": target.gateways.len()});
-    live("fanout", t, Vec::new(), &target, groups(&target, "", n, size), "group", params).await
+    live("fanout", t, args.action.clone(), &target, &args.target.measure, groups(&target, "", n, size), "group", params)
+        .await
 }
 
 /// `chaos`: `steady` while each `--action SECONDS=COMMAND` runs at its time (kill a
@@ -230,5 +328,5 @@ pub async fn chaos(args: &cli::Chaos) -> Result<ScenarioReport> {
     ensure!(!args.action.is_empty(), "chaos needs at least one --action SECONDS=COMMAND");
     let actions: Vec<String> = args.action.iter().map(|a| format!("{}={}", a.at, a.command)).collect();
     let params = json!({"conversations": n, "rate": t.rate, "duration_s": t.duration, "actions": actions, "gateways": target.gateways.len()});
-    live("chaos", t, args.action.clone(), &target, pairs(&target, n), "direct", params).await
+    live("chaos", t, args.action.clone(), &target, &args.target.measure, pairs(&target, n), "direct", params).await
 }

@@ -12,11 +12,13 @@ use futures::future::join_all;
 use serde_json::json;
 
 use super::churn::Fleet;
-use super::{pairs, receivers, report, Finished};
+use super::{load_report, pairs, receivers, report, Finished, Offer, Window};
 use crate::cli;
+use crate::cpu::CpuMeter;
 use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
 use crate::report::ScenarioReport;
 use crate::sampler::Sampler;
+use crate::senders::SendVia;
 use crate::soak_report::{self, Limits};
 
 /// A gap a device sees is synced 5 s after it opened (the client's `gap_sync_after`):
@@ -57,9 +59,11 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
         "per_churn": {"leave": leave, "join": join, "reconnect": reconnect},
         "sample_every_s": args.sample_every, "warmup_s": warmup, "max_growth": args.max_growth,
         "floor_count": args.floor_count, "floor_mib": args.floor_mib, "exempt": args.exempt,
-        "redis_prefix": args.redis_prefix, "processes": args.admins.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+        "redis_prefix": args.redis_prefix, "processes": args.admins().iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
     });
-    let sampler = Sampler::connect(&args.redis_url, &args.redis_prefix, &args.mysql_url, &args.admins).await?;
+    let sampler = Sampler::connect(args.redis_url(), &args.redis_prefix, &args.mysql_url, args.admins()).await?;
+    let measure = cli::Measure { redis_url: Some(args.redis_url().to_owned()), ..args.target.measure.clone() };
+    let meter = CpuMeter::new(&measure).await?;
 
     let convs = pairs(&target, n);
     engine::provision(&target, &convs, "direct").await?;
@@ -77,6 +81,7 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
 
     let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
+    let window = Window::open(&meter, &rec).await;
     let send_start = Instant::now();
     let (sampling_stop, stopped) = tokio::sync::watch::channel(false);
     let sampling = tokio::spawn(sampler.run(Duration::from_secs_f64(args.sample_every), send_start, stopped));
@@ -107,6 +112,9 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
     join_all(senders).await;
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    let cpu = window.close(&meter, &rec).await;
+    let offer = Offer { via: SendVia::Http, senders: n, in_flight: 1, rate: Some(args.rate) };
+    let load = load_report(&rec, offer, rec.sends.load(Ordering::Relaxed) as f64 / send_window.max(1e-9), &cpu);
     fleet.bring_back();
     let settle = engine::settle(&rec, fleet.live(), QUIET, Duration::from_secs(300)).await;
     rec.note(format!("settled in {:.1} s", settle.as_secs_f64()));
@@ -140,5 +148,13 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
         "settle_s": settle.as_secs_f64(),
         "soak": soak,
     });
-    Ok(report("soak", params, &rec, send_window, delivered_in_window, &Finished { integrity, logs }, extra))
+    Ok(report(
+        "soak",
+        params,
+        &rec,
+        send_window,
+        delivered_in_window,
+        &Finished { integrity, logs, cpu: Some(cpu), load: Some(load) },
+        extra,
+    ))
 }

@@ -9,8 +9,9 @@ use futures::future::join_all;
 use herald_client::device::Device;
 use serde_json::json;
 
-use super::{connect, groups, pairs, receivers, report, Finished, MAX_GROUP};
+use super::{connect, groups, pairs, receivers, report, Finished, Window, MAX_GROUP};
 use crate::cli;
+use crate::cpu::CpuMeter;
 use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
 use crate::report::ScenarioReport;
 
@@ -28,6 +29,7 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
     ensure!(n > 0 && backlog > 0 && rt_pairs > 0, "--devices, --backlog and --realtime must be at least 1");
     let params = json!({"devices": n, "backlog": backlog, "group": size, "realtime_conversations": rt_pairs, "realtime_rate": rate, "fresh_devices": fresh, "gateways": target.gateways.len()});
 
+    let meter = CpuMeter::new(&args.target.measure).await?;
     let storm_convs = groups(&target, "st", n, size);
     let rt_convs = pairs(&target, rt_pairs);
     engine::provision(&target, &rt_convs, "direct").await?;
@@ -50,6 +52,7 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
     let mut devices = connect(&target, &rt_users, &rec, 0).await?;
     let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
+    let window = Window::open(&meter, &rec).await;
     let send_start = Instant::now();
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
     let plan = SendPlan { rate, payload: 100, cmid_prefix: "rt".into() };
@@ -110,6 +113,7 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
     join_all(senders).await;
     let send_window = send_start.elapsed().as_secs_f64();
     let delivered_in_window = rec.delivered.load(Ordering::Relaxed) - delivered_before;
+    let cpu = window.close(&meter, &rec).await;
     devices.extend(storm_devices);
     let settle = engine::settle(&rec, rt_pairs + n, Duration::from_secs(2), Duration::from_secs(120)).await;
     monitor_stop.store(true, Ordering::Relaxed);
@@ -131,5 +135,13 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
         "realtime_p99_ratio": if base_p99 > 0.0 { storm_p99 / base_p99 } else { 0.0 },
         "settle_s": settle.as_secs_f64(),
     });
-    Ok(report("storm", params, &rec, send_window, delivered_in_window, &Finished { integrity, logs }, extra))
+    Ok(report(
+        "storm",
+        params,
+        &rec,
+        send_window,
+        delivered_in_window,
+        &Finished { integrity, logs, cpu: Some(cpu), load: None },
+        extra,
+    ))
 }
