@@ -12,7 +12,6 @@ use herald_shared::auth::Platform;
 use anyhow::{ensure, Context};
 
 use crate::sampler::AdminUrl;
-use crate::senders::SendVia;
 
 mod soak;
 pub use soak::Soak;
@@ -364,3 +363,22 @@ impl std::str::FromStr for Action {
 #[cfg(test)]
 #[path = "cli_tests.rs"]
 mod tests;
+
+/// How the senders send.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SendVia {
+    /// `POST /v1/messages`, one request per message.
+    #[default]
+    Http,
+    /// `send` frames on the sender's own WebSocket session, answered by `sent`.
+    Ws,
+}
+
+impl SendVia {
+    pub fn name(self) -> &'static str {
+        match self {
+            SendVia::Http => "http",
+            SendVia::Ws => "ws",
+        }
+    }
+}

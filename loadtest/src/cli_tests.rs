@@ -139,9 +139,9 @@ fn the_callers_command_lines_parse() {
 #[test]
 fn senders_send_over_http_or_ws_with_some_in_flight() {
     let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
-    assert_eq!((s.traffic.via, s.traffic.in_flight), (crate::senders::SendVia::Http, 1));
+    assert_eq!((s.traffic.via, s.traffic.in_flight), (crate::cli::SendVia::Http, 1));
     let Command::Fanout(f) = parse(&["fanout", "--via", "ws", "--in-flight", "8"]).unwrap() else { panic!("fanout") };
-    assert_eq!((f.traffic.via, f.traffic.in_flight), (crate::senders::SendVia::Ws, 8));
+    assert_eq!((f.traffic.via, f.traffic.in_flight), (crate::cli::SendVia::Ws, 8));
     for words in [&["steady", "--via", "smoke"][..], &["steady", "--in-flight", "0"], &["chaos", "--via"]] {
         assert!(parse(words).is_err(), "{words:?} was accepted");
     }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -186,20 +186,6 @@ pub struct SendPlan {
     pub payload: usize,
     /// `cmid`s are this prefix and a counter.
     pub cmid_prefix: String,
-}
-
-/// One sender per conversation over HTTP, together offering `plan.rate` msg/s on an
-/// open-loop schedule, until `stop` (see [`crate::senders`], which also sends over
-/// WebSocket).
-pub fn spawn_senders(
-    target: &Target,
-    convs: &[Conv],
-    plan: &SendPlan,
-    rec: &Arc<Recorder>,
-    acked: &AckLog,
-    stop: &Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    crate::senders::spawn_http(target, convs, plan, rec, acked, stop)
 }
 
 /// Waits until every device is online and caught up and no delivery and no `sync`

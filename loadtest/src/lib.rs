@@ -16,6 +16,7 @@
 //! - [`slope`]: the slope test: does a sampled series keep growing?
 //! - [`soak_report`]: the soak's series judged, their table and charts.
 
+pub mod chart;
 pub mod cli;
 pub mod cpu;
 pub mod engine;

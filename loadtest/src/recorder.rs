@@ -136,7 +136,7 @@ pub struct Recorder {
 impl Recorder {
     pub fn new() -> Arc<Recorder> {
         // Twice the cores: the runtime's threads rarely share a shard.
-        let shards = (crate::cpu::cores() * 2).clamp(4, 64);
+        let shards = (std::thread::available_parallelism().map_or(1, |n| n.get()) * 2).clamp(4, 64);
         Arc::new(Recorder {
             started: Instant::now(),
             sends: AtomicU64::new(0),

@@ -20,6 +20,7 @@ use herald_shared::protocol::{ClientFrame, ErrorFrame, Message, SendFrame, SendR
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use crate::cli::SendVia;
 use crate::engine::{send_durably, AckLog, Conv, SendPlan, Target};
 use crate::integrity::Acked;
 use crate::load::{Clock, Schedule};
@@ -31,25 +32,6 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A sender waiting for its next due time still looks at the stop flag this often.
 const STOP_POLL: Duration = Duration::from_millis(100);
-
-/// How the senders send.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum SendVia {
-    /// `POST /v1/messages`, one request per message.
-    #[default]
-    Http,
-    /// `send` frames on the sender's own WebSocket session, answered by `sent`.
-    Ws,
-}
-
-impl SendVia {
-    pub fn name(self) -> &'static str {
-        match self {
-            SendVia::Http => "http",
-            SendVia::Ws => "ws",
-        }
-    }
-}
 
 /// How the senders of a scenario send, beside the [`SendPlan`].
 #[derive(Clone, Copy, Debug)]

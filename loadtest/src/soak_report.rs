@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::report::{line_chart, ScenarioReport, Series};
+use crate::chart::{line_chart, Series};
 use crate::sampler::Sample;
 use crate::slope::{self, Judged, Tolerance, Verdict};
 
@@ -229,13 +229,14 @@ pub fn charts(name: &str, soak: &Value) -> Vec<(String, String)> {
     out
 }
 
-/// The capacity report's target row of a soak run.
-pub fn capacity_row(r: &ScenarioReport) -> Option<String> {
-    let soak = parse(&r.extra["soak"])?;
+/// The capacity report's target row of a soak run of `duration_s` with the report's
+/// `soak` section.
+pub fn capacity_row(duration_s: f64, soak: &Value) -> Option<String> {
+    let soak = parse(soak)?;
     let checked = soak.series.iter().filter(|x| x.checked && !x.exempt).count();
     Some(format!(
         "| kept state bounded by windows, not history (`soak`, {:.0} min with churn) | every kept series flat after the warm-up | the same | {} of {checked} series flat{} | {} |",
-        r.params["duration_s"].as_f64().unwrap_or(0.0) / 60.0,
+        duration_s / 60.0,
         checked - soak.growing.len(),
         if soak.growing.is_empty() { String::new() } else { format!("; growing: {}", soak.growing.join(", ")) },
         if soak.bounded { "met" } else { "FAILED" }

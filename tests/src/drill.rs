@@ -150,7 +150,7 @@ impl Drill {
         let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let plan = SendPlan { rate: t.rate, payload: 100, cmid_prefix: "m".into() };
-        let senders = engine::spawn_senders(&target, &convs, &plan, &rec, &acked, &stop);
+        let senders = herald_loadtest::senders::spawn_http(&target, &convs, &plan, &rec, &acked, &stop);
         rec.note(format!("{} devices online; sending {} msg/s", convs.len(), t.rate));
         Drill {
             name: name.into(),

@@ -13,13 +13,13 @@ use futures::future::join_all;
 use herald_client::device::{Device, DeviceLog};
 use serde_json::{json, Value};
 
-use crate::cli::{self, Action, Measure, Traffic};
+use crate::cli::{self, Action, Measure, SendVia, Traffic};
 use crate::cpu::{self, CpuMeter, CpuReport, Snapshot};
 use crate::engine::{self, histogram, AckLog, Conv, Pct, Recorder, SendPlan, Target};
 use crate::integrity::IntegrityReport;
 use crate::load::{self, LoadReport, Observed};
 use crate::report::ScenarioReport;
-use crate::senders::{self, SendVia, SenderOptions};
+use crate::senders::{self, SenderOptions};
 
 mod churn;
 mod idle;

@@ -13,12 +13,12 @@ use serde_json::json;
 
 use super::churn::Fleet;
 use super::{load_report, pairs, receivers, report, Finished, Offer, Window};
-use crate::cli;
+use crate::cli::{self, SendVia};
 use crate::cpu::CpuMeter;
 use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
 use crate::report::ScenarioReport;
 use crate::sampler::Sampler;
-use crate::senders::SendVia;
+use crate::senders;
 use crate::soak_report::{self, Limits};
 
 /// A gap a device sees is synced 5 s after it opened (the client's `gap_sync_after`):
@@ -87,7 +87,7 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
     let sampling = tokio::spawn(sampler.run(Duration::from_secs_f64(args.sample_every), send_start, stopped));
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
     let plan = SendPlan { rate: args.rate, payload: args.payload, cmid_prefix: "m".into() };
-    let senders = engine::spawn_senders(&target, &convs, &plan, &rec, &acked, &stop);
+    let senders = senders::spawn_http(&target, &convs, &plan, &rec, &acked, &stop);
     let (every, end) = (Duration::from_secs_f64(args.churn_every), send_start + duration);
     let mut next = send_start + every;
     while next < end {

@@ -14,6 +14,7 @@ use crate::cli;
 use crate::cpu::CpuMeter;
 use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
 use crate::report::ScenarioReport;
+use crate::senders;
 
 /// `storm`: `--devices` devices (in groups of `--group`) each get `--backlog`
 /// messages while offline, then all reconnect at once while `--realtime` direct
@@ -56,7 +57,7 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
     let send_start = Instant::now();
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
     let plan = SendPlan { rate, payload: 100, cmid_prefix: "rt".into() };
-    let senders = engine::spawn_senders(&target, &rt_convs, &plan, &rec, &acked, &stop);
+    let senders = senders::spawn_http(&target, &rt_convs, &plan, &rec, &acked, &stop);
     let base_from = rec.elapsed().as_secs_f64();
     rec.note(format!("realtime baseline for {baseline:?}"));
     tokio::time::sleep(baseline).await;
