@@ -32,11 +32,13 @@ pub struct DeviceRegistry {
     /// How often a device's `last_seen_at` is written at most, by this gateway
     /// (`DeliveryConfig::last_seen_every`).
     seen_every: Duration,
+    /// `delivery.device_ttl_s`: a device unseen longer is no fan-out target any more.
+    ttl: Duration,
 }
 
 impl DeviceRegistry {
-    pub fn new(db: MySqlPool, redis: Pool, keys: Keys, seen_every: Duration) -> DeviceRegistry {
-        DeviceRegistry { db, redis, keys, known: Arc::default(), seen_every }
+    pub fn new(db: MySqlPool, redis: Pool, keys: Keys, seen_every: Duration, ttl: Duration) -> DeviceRegistry {
+        DeviceRegistry { db, redis, keys, known: Arc::default(), seen_every, ttl }
     }
 
     /// Records the device on its first request here, and its `last_seen_at` now and then.
@@ -60,6 +62,16 @@ impl DeviceRegistry {
         .await?;
         let now = now_ms() as i64;
         match row {
+            // Past its TTL but not yet expired by the janitor: fan-out has skipped it
+            // since its TTL passed, yet its pending set is still trusted. Expire it here
+            // (its Redis state goes) so its session reads what it missed from MySQL.
+            Some((platform, None, last_seen))
+                if platform == c.plat.as_str() && now - last_seen > self.ttl.as_millis() as i64 =>
+            {
+                herald_shared::device_state::free(&self.redis, &self.keys, &key).await?;
+                metrics::counter!("herald_devices_returned_total").increment(1);
+                self.touch(c, now).await?;
+            }
             Some((platform, None, last_seen)) if platform == c.plat.as_str() => {
                 if now - last_seen > self.seen_every.as_millis() as i64 {
                     self.touch(c, now).await?;
