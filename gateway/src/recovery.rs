@@ -27,6 +27,10 @@ pub enum RecoveryError {
     Redis(#[from] fred::error::Error),
     #[error("mysql: {0}")]
     Db(#[from] sqlx::Error),
+    /// The device has no row (it logged out, or was forgotten): its session must end,
+    /// not page the whole history from watermark 0.
+    #[error("the device is not registered (logged out)")]
+    Unregistered,
 }
 
 /// A device's overflow band: ids in `low..=high` are read from MySQL.
@@ -83,7 +87,7 @@ impl Recovery {
                 .bind(&d.device)
                 .fetch_optional(&self.db)
                 .await?
-                .unwrap_or(0);
+                .ok_or(RecoveryError::Unregistered)?;
         // Messages committed from now on are fanned out into the set itself.
         let (low, high) = (MsgId(watermark + 1), MsgId::lowest_at(now_ms()));
         let band: String = scripts::OVERFLOW_WIDEN

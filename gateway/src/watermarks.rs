@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug)]
 pub struct Mark {
     pub device: DeviceKey,
-    pub platform: &'static str,
     pub watermark: MsgId,
 }
 
@@ -76,21 +75,25 @@ impl WatermarkFlusher {
 
     async fn write(&self, batch: &[Mark]) {
         let now = now_ms() as i64;
-        // 7 placeholders a row: stay far below MySQL's 65 535 per statement.
+        // 4 placeholders a row: stay far below MySQL's 65 535 per statement. Only rows that
+        // exist are updated: a report queued before its device logged out must not bring
+        // the device back. A device in use that was expired meanwhile is live again.
         for chunk in batch.chunks(WATERMARK_CHUNK) {
-            let mut q = QueryBuilder::<MySql>::new(
-                "INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at) ",
-            );
-            q.push_values(chunk, |mut b, m| {
-                b.push_bind(&m.device.tenant)
+            let mut q = QueryBuilder::<MySql>::new("UPDATE devices d JOIN (");
+            for (i, m) in chunk.iter().enumerate() {
+                q.push(if i == 0 { "SELECT " } else { " UNION ALL SELECT " });
+                q.push_bind(&m.device.tenant)
+                    .push(" AS t, ")
                     .push_bind(&m.device.user)
+                    .push(" AS u, ")
                     .push_bind(&m.device.device)
-                    .push_bind(m.platform)
+                    .push(" AS dv, ")
                     .push_bind(m.watermark.0)
-                    .push_bind(now)
-                    .push_bind(now);
-            });
-            q.push(" ON DUPLICATE KEY UPDATE watermark = GREATEST(watermark, VALUES(watermark)), last_seen_at = VALUES(last_seen_at)");
+                    .push(" AS w");
+            }
+            q.push(") v ON d.tenant_id = v.t AND d.user_id = v.u AND d.device_id = v.dv ");
+            q.push("SET d.watermark = GREATEST(d.watermark, v.w), d.expired_at = NULL, d.last_seen_at = ");
+            q.push_bind(now);
             match q.build().execute(&self.db).await {
                 Ok(_) => {
                     metrics::counter!("herald_watermark_flushes_total").increment(1);

@@ -200,6 +200,11 @@ impl Cluster {
         c
     }
 
+    /// A pool like the processes' own, for the shared helpers that take one.
+    pub async fn redis_pool(&self) -> fred::clients::Pool {
+        herald_shared::redis::pool(&self.redis_url, 1).await.expect("redis pool")
+    }
+
     pub fn keys(&self) -> Keys {
         Keys::new(self.prefix.clone())
     }

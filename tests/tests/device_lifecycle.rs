@@ -1,11 +1,13 @@
 //! A device's life: in use it is never expired, however short the TTL; back after its
-//! TTL it gets what it missed; expired long enough ago it is forgotten, and returns as
-//! a new device.
+//! TTL it gets what it missed; logged out, its sessions end and do not bring it back;
+//! expired long enough ago it is forgotten, and returns as a new device.
 
 use std::time::Duration;
 
+use herald_client::{WsClient, WsEvent};
 use herald_shared::ids::{now_ms, MsgId};
-use herald_tests::{eventually, AutoDevice, Cluster};
+use herald_shared::protocol::{AckFrame, ClientFrame, Hello, Message, ServerFrame};
+use herald_tests::{eventually, AutoDevice, Cluster, TENANT};
 use serde_json::json;
 
 /// A device in use is never expired, however short the TTL: both an HTTP-only sender and
@@ -114,4 +116,44 @@ async fn a_device_back_after_its_ttl_before_the_janitor_gets_what_it_missed() {
     })
     .await;
     phone.stop().await;
+}
+
+/// A session whose device row is gone (it logged out on another gateway, whose kick
+/// did not arrive) ends with 4002 once it notices its presence went, and its last
+/// watermark report does not bring the row back. Before: it paged the whole history
+/// from watermark 0 and its report re-created the device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_of_a_logged_out_device_ends_and_does_not_bring_it_back() {
+    let mut c = Cluster::new("devgone");
+    c.set("HERALD_GATEWAY__HEARTBEAT_MS", "500").set("HERALD_GATEWAY__WATERMARK_FLUSH_MS", "1000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "phone")).await.unwrap();
+    ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
+    // History the device has seen and acked.
+    alice.send("m1", "ab", &json!(1)).await.unwrap();
+    let m1 = ws.next_of::<Message>(Duration::from_secs(5)).await.expect("m1 pushed");
+    ws.send(&ClientFrame::Ack(AckFrame { ids: vec![m1.id] })).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // What a logout elsewhere does, without its kick arriving here.
+    let db = c.db().await;
+    sqlx::query("DELETE FROM devices WHERE device_id = 'phone'").execute(&db).await.unwrap();
+    let device = herald_shared::keys::DeviceKey::new(TENANT, "bob", "phone");
+    herald_shared::device_state::free(&c.redis_pool().await, &c.keys(), &device).await.unwrap();
+    let mut code = None;
+    let started = std::time::Instant::now();
+    while code.is_none() && started.elapsed() < Duration::from_secs(10) {
+        match ws.next(Duration::from_millis(200)).await {
+            Some(WsEvent::Closed(c)) => code = Some(c),
+            Some(WsEvent::Frame(ServerFrame::Msg(m))) => panic!("history paged to a logged-out device: {m:?}"),
+            _ => {}
+        }
+    }
+    assert_eq!(code, Some(Some(4002)), "the session ends as its device logged out");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rows: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE device_id = 'phone'").fetch_one(&db).await.unwrap();
+    assert_eq!(rows, 0, "no watermark report re-created the device");
 }

@@ -95,6 +95,9 @@ pub enum SessionError {
     Recovery(#[from] RecoveryError),
 }
 
+/// The close reason of a session whose device logged out.
+pub(super) const LOGGED_OUT: &str = "the device logged out";
+
 /// How a session ends.
 #[derive(Debug)]
 enum End {
@@ -193,6 +196,7 @@ where
         let reg = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
         let end = match self.start().await {
             Ok(()) => self.event_loop(reg).await,
+            Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
             Err(e) => {
                 tracing::warn!(error = %e, "session start failed");
                 End::Close(CloseCode::InternalError, "dependency unavailable")

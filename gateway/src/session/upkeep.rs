@@ -10,7 +10,8 @@ use herald_shared::protocol::CloseCode;
 use tokio::time::Instant;
 
 use super::inflight::Dead;
-use super::{End, Flow, Session};
+use super::{End, Flow, Session, LOGGED_OUT};
+use crate::recovery::RecoveryError;
 use crate::watermarks::Mark;
 
 impl<S, E> Session<S>
@@ -18,7 +19,7 @@ where
     S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
 {
     pub(super) async fn on_tick(&mut self) -> Flow {
-        self.check_epoch().await;
+        self.check_epoch().await?;
         if self.last_mark.elapsed() >= self.mark_every() {
             self.report_watermark().await;
         }
@@ -48,8 +49,14 @@ where
             // data with the epoch unchanged: the device's marker went too, and this
             // restores the pending set from MySQL (a no-op while the marker is there).
             tracing::info!("presence was missing; set again and the pending set read again");
-            if let Err(e) = self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch).await {
-                tracing::warn!(error = %e, "pending set rebuild failed");
+            match self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch).await {
+                Ok(_) => {}
+                // Its presence went because it logged out (on another node, whose kick
+                // did not arrive).
+                Err(RecoveryError::Unregistered) => {
+                    return ControlFlow::Break(End::Close(CloseCode::Replaced, LOGGED_OUT));
+                }
+                Err(e) => tracing::warn!(error = %e, "pending set rebuild failed"),
             }
             // Workers skipped pushes to this device while it had no presence; they
             // are still in its pending set.
@@ -59,8 +66,8 @@ where
     }
 
     /// Redis lost its data: restore the pending set from MySQL, read it again.
-    async fn check_epoch(&mut self) {
-        let Some((generation, epoch)) = self.epoch.changed(&self.env.epoch) else { return };
+    async fn check_epoch(&mut self) -> Flow {
+        let Some((generation, epoch)) = self.epoch.changed(&self.env.epoch) else { return ControlFlow::Continue(()) };
         match self.env.recovery.ensure_pending(&self.device, &epoch).await {
             Ok(_) => {
                 self.epoch.accept(generation, epoch);
@@ -69,8 +76,12 @@ where
                 self.presence.keep(self.env.redis.next()).await;
                 self.backlog.restart();
             }
+            Err(RecoveryError::Unregistered) => {
+                return ControlFlow::Break(End::Close(CloseCode::Replaced, LOGGED_OUT));
+            }
             Err(e) => tracing::warn!(error = %e, "pending set rebuild failed; retrying"),
         }
+        ControlFlow::Continue(())
     }
 
     /// How often W is looked at: the flush period, or more often when the device TTL
@@ -92,8 +103,7 @@ where
             }
             self.reported_watermark = Some(watermark);
             self.last_report = now;
-            let platform = self.claims.plat.as_str();
-            self.env.marks.report(Mark { device: self.device.clone(), platform, watermark });
+            self.env.marks.report(Mark { device: self.device.clone(), watermark });
         }
     }
 }
