@@ -48,7 +48,7 @@ section! {
         /// gets messages committed from then on and reads older ones by sync, like a
         /// reinstalled app. Until then an expired device returns with its watermark.
         pub device_forget_s: u64 = "31536000",
-        /// Period of the janitor: expired devices, message retention, dead stream consumers.
+        /// Period of the janitor: expired and forgotten devices, retention, dead consumers.
         pub janitor_interval_ms: u64 = "60000",
     }
 }
@@ -83,6 +83,10 @@ impl WorkerConfig {
         if let Err(e) = self.retention_by_tenant() {
             bad.push("worker.retention_overrides", &e);
         }
+        // Redis refuses an expiry of 0: every fan-out would fail.
+        if self.message_ttl_s == 0 {
+            bad.push("worker.message_ttl_s", "must be at least 1");
+        }
         if self.janitor_interval_ms < 100 {
             bad.push("worker.janitor_interval_ms", "must be at least 100");
         }
@@ -112,5 +116,13 @@ mod tests {
         assert!(at("7281").is_ok());
         let err = at("7282").unwrap_err().to_string();
         assert!(err.contains("worker.batch_max: must be 1..=7281"), "{err}");
+    }
+
+    #[test]
+    fn a_message_ttl_of_zero_is_refused() {
+        let at = |n: &str| load(Role::Worker, &[], &env(&[SECRET, ("HERALD_WORKER__MESSAGE_TTL_S", n)]));
+        assert!(at("1").is_ok());
+        let err = at("0").unwrap_err().to_string();
+        assert!(err.contains("worker.message_ttl_s: must be at least 1"), "{err}");
     }
 }
