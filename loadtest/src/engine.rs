@@ -82,6 +82,7 @@ impl Target {
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
             gap_sync_after: Duration::from_secs(5),
             reconnect: true,
+            resume: Default::default(),
         }
     }
 }

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use crate::ws::{WsClient, WsEvent};
 use liveness::Liveness;
 use timeline::State;
+pub use timeline::Stored;
 
 /// Who the device is and where it may connect.
 #[derive(Clone, Debug)]
@@ -38,6 +39,9 @@ pub struct DeviceSpec {
     /// Reconnect when a session ends, as an app does; `false`: one session (or one
     /// failed attempt), then the device ends.
     pub reconnect: bool,
+    /// What an earlier instance of the device stored ([`DeviceLog::stored`]): this one
+    /// goes on from there, as an app restarted on the same phone does.
+    pub resume: Stored,
 }
 
 impl DeviceSpec {
@@ -52,6 +56,7 @@ impl DeviceSpec {
             local_ip: None,
             gap_sync_after: Duration::from_secs(5),
             reconnect: true,
+            resume: Stored::default(),
         }
     }
 }
@@ -92,6 +97,9 @@ pub struct DeviceLog {
     /// Per session: time from the upgrade to `caught_up`.
     pub catch_ups: Vec<Duration>,
     pub sessions: u32,
+    /// What the device would keep across a restart, for the next instance's
+    /// [`DeviceSpec::resume`].
+    pub stored: Stored,
 }
 
 /// Live callbacks, for counters and latency histograms while a run goes on.
@@ -190,7 +198,7 @@ async fn run(
     status: watch::Sender<Status>,
     mut out: mpsc::Receiver<Outgoing>,
 ) -> DeviceLog {
-    let mut st = State::default();
+    let mut st = State::resume(&spec.resume);
     let mut gw = spec.first_gateway;
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -250,7 +258,7 @@ async fn run(
         let ended = session.run(&mut stopped, &mut out).await;
         observer.online(false);
         for t in st.timelines.values_mut() {
-            t.settle();
+            t.settle(false);
         }
         match ended {
             Ended::Stopped => {
@@ -266,6 +274,7 @@ async fn run(
         }
     }
     let _ = status.send(Status::Ended);
+    st.log.stored = st.stored();
     st.log
 }
 
@@ -351,7 +360,7 @@ impl Session<'_> {
                                             self.st.arrive(m.id.0, &h.conv, m.seq, Via::Sync);
                                         }
                                         if let Some(t) = self.st.timelines.get_mut(&h.conv) {
-                                            t.settle();
+                                            t.settle(h.more);
                                         }
                                     }
                                     ServerFrame::Reconnect(r) => reconnect_after = Some(Duration::from_millis(r.after_ms)),

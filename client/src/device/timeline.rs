@@ -16,13 +16,33 @@ pub(super) struct Timeline {
     /// When the current gap was first seen open after `caught_up`.
     gap_since: Option<Instant>,
     syncing: bool,
+    /// A sync answer said more follows: the gap is synced again at once.
+    more: bool,
 }
 
 impl Timeline {
-    /// A sync answered (or the session ended): the gap may be synced again later.
-    pub(super) fn settle(&mut self) {
+    /// A sync answered (or the session ended): the gap may be synced again later, or at
+    /// once when the answer said `more`.
+    pub(super) fn settle(&mut self, more: bool) {
         self.syncing = false;
         self.gap_since = None;
+        self.more = more;
+    }
+}
+
+/// What an app keeps of its timelines across restarts (its local store): per
+/// conversation the highest seq shown and what arrived (and was acked) above a gap.
+/// A device started with it goes on where the stopped one left off, instead of
+/// showing everything again from seq 1.
+#[derive(Clone, Debug, Default)]
+pub struct Stored {
+    timelines: HashMap<String, (u64, BTreeMap<u64, u64>)>,
+}
+
+impl Stored {
+    /// The highest seq shown in `conv` (0: nothing).
+    pub fn shown(&self, conv: &str) -> u64 {
+        self.timelines.get(conv).map_or(0, |t| t.0)
     }
 }
 
@@ -35,6 +55,22 @@ pub(super) struct State {
 }
 
 impl State {
+    /// A device that goes on from what an earlier instance stored.
+    pub(super) fn resume(stored: &Stored) -> State {
+        let mut st = State::default();
+        for (conv, (shown, waiting)) in &stored.timelines {
+            st.seen.extend(waiting.values());
+            st.timelines
+                .insert(conv.clone(), Timeline { shown: *shown, waiting: waiting.clone(), ..Timeline::default() });
+        }
+        st
+    }
+
+    /// What an app would keep of these timelines across a restart.
+    pub(super) fn stored(&self) -> Stored {
+        Stored { timelines: self.timelines.iter().map(|(c, t)| (c.clone(), (t.shown, t.waiting.clone()))).collect() }
+    }
+
     pub(super) fn arrive(&mut self, id: u64, conv: &str, seq: u64, via: Via) {
         self.log.arrivals.push(Arrival { id, conv: conv.to_owned(), seq, via });
         if !self.seen.insert(id) {
@@ -81,6 +117,11 @@ impl State {
         let mut out = Vec::new();
         for (conv, t) in &mut self.timelines {
             if t.waiting.is_empty() || t.syncing {
+                continue;
+            }
+            if std::mem::take(&mut t.more) {
+                t.syncing = true;
+                out.push((conv.clone(), t.shown));
                 continue;
             }
             let since = *t.gap_since.get_or_insert(now);
@@ -133,5 +174,32 @@ mod tests {
         assert!(st.gaps_to_fill(t0 + Duration::from_secs(3), Duration::from_secs(1)).is_empty(), "one sync at a time");
         st.arrive(11, "c", 1, Via::Sync);
         assert_eq!(st.log.shown.len(), 2);
+    }
+
+    #[test]
+    fn a_sync_answer_with_more_is_followed_at_once() {
+        let mut st = State::default();
+        st.arrive(15, "c", 5, Via::Realtime);
+        let t0 = Instant::now();
+        st.gaps_to_fill(t0, Duration::ZERO);
+        assert_eq!(st.gaps_to_fill(t0, Duration::ZERO), [], "one sync at a time");
+        st.arrive(11, "c", 1, Via::Sync);
+        st.timelines.get_mut("c").unwrap().settle(true);
+        assert_eq!(st.gaps_to_fill(t0, Duration::from_secs(60)), [("c".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_resumed_device_goes_on_where_the_stopped_one_left_off() {
+        let mut st = State::default();
+        st.arrive(11, "c", 1, Via::Realtime);
+        st.arrive(13, "c", 3, Via::Realtime);
+        let stored = st.stored();
+        assert_eq!(stored.shown("c"), 1);
+        let mut next = State::resume(&stored);
+        next.arrive(11, "c", 1, Via::Backlog);
+        next.arrive(14, "c", 4, Via::Realtime);
+        assert!(next.log.shown.is_empty(), "seq 1 was shown before; 3 and 4 wait for 2");
+        next.arrive(12, "c", 2, Via::Sync);
+        assert_eq!(next.log.shown.iter().map(|s| s.seq).collect::<Vec<_>>(), [2, 3, 4]);
     }
 }

@@ -3,7 +3,7 @@
 //! now, started again at the next churn). What each device showed across its
 //! instances makes up the integrity check's log.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -39,17 +39,15 @@ impl Member {
         }
     }
 
-    /// One log of all its instances. A real app keeps what it showed across restarts,
-    /// so a message an earlier instance showed is not shown again by a later one (a
-    /// fresh instance syncs its conversations from the start); repeats within one
-    /// instance stay, for the check to count.
+    /// One log of all its instances. A real app keeps what it showed across restarts
+    /// (each instance resumes from the previous one's [`DeviceLog::stored`]), so a
+    /// message shown by an earlier instance and again by a later one is a repeat the
+    /// check counts, as are repeats within one instance.
     fn merged(&self) -> DeviceLog {
         let mut out = DeviceLog::default();
-        let mut shown_before: HashSet<u64> = HashSet::new();
         for l in &self.logs {
             out.arrivals.extend(l.arrivals.iter().cloned());
-            out.shown.extend(l.shown.iter().filter(|s| !shown_before.contains(&s.id)).cloned());
-            shown_before.extend(l.shown.iter().map(|s| s.id));
+            out.shown.extend(l.shown.iter().cloned());
             out.catch_ups.extend(l.catch_ups.iter().copied());
             out.sessions += l.sessions;
         }
@@ -106,9 +104,14 @@ impl Fleet {
         self.running.len() + self.offline.len()
     }
 
+    /// Starts `m` again from what its last instance stored, as the app restarted.
     fn spawn(&mut self, m: &mut Member) {
         self.next_index += 1;
-        m.running = Some(self.target.device_of(self.next_index, &m.user, &m.device, &self.rec));
+        let mut spec = self.target.device_spec(self.next_index, &m.user, &m.device);
+        if let Some(last) = m.logs.last() {
+            spec.resume = last.stored.clone();
+        }
+        m.running = Some(Device::spawn(spec, self.rec.clone()));
     }
 
     /// Starts again the devices stopped at the previous churn.
@@ -216,20 +219,16 @@ mod tests {
     }
 
     #[test]
-    fn a_later_instance_does_not_show_again_what_an_earlier_one_showed() {
+    fn what_a_later_instance_shows_again_counts_as_a_repeat() {
         let m = Member {
             user: "u".into(),
             device: "d".into(),
             since: 0,
             running: None,
-            logs: vec![shown(&[1, 2, 3]), shown(&[1, 2, 3, 4, 4, 5])],
+            logs: vec![shown(&[1, 2, 3]), shown(&[3, 4, 4, 5])],
         };
         let l = m.merged();
-        assert_eq!(
-            l.shown.iter().map(|s| s.id).collect::<Vec<_>>(),
-            [1, 2, 3, 4, 4, 5],
-            "a repeat in one instance stays"
-        );
+        assert_eq!(l.shown.iter().map(|s| s.id).collect::<Vec<_>>(), [1, 2, 3, 3, 4, 4, 5]);
         assert_eq!(l.sessions, 2);
     }
 }
