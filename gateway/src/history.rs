@@ -210,8 +210,9 @@ impl History {
                 sep.push_bind(id.0);
             }
             q.push(")");
+            // Not kept prepared: the text differs with every number of ids.
             // An error is not an absence: the caller must not take these ids for stale.
-            for r in &q.build().fetch_all(&self.db).await? {
+            for r in &q.build().persistent(false).fetch_all(&self.db).await? {
                 if let Ok(m) = message(r) {
                     out.insert(m.id, herald_shared::protocol::msg_frame(&m));
                 }

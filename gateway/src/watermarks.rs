@@ -94,7 +94,10 @@ impl WatermarkFlusher {
             q.push(") v ON d.tenant_id = v.t AND d.user_id = v.u AND d.device_id = v.dv ");
             q.push("SET d.watermark = GREATEST(d.watermark, v.w), d.expired_at = NULL, d.last_seen_at = ");
             q.push_bind(now);
-            match q.build().execute(&self.db).await {
+            // Not kept prepared: the text differs with every batch size, and each
+            // connection would keep a statement of every size it saw (sqlx's cache and
+            // the server's), memory that grows with session churn.
+            match q.build().persistent(false).execute(&self.db).await {
                 Ok(_) => {
                     metrics::counter!("herald_watermark_flushes_total").increment(1);
                     metrics::counter!("herald_watermark_rows_total").increment(chunk.len() as u64);
@@ -104,5 +107,44 @@ impl WatermarkFlusher {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Connection;
+
+    /// The MySQL server the tests use (`IT_MYSQL_URL`, default the local one).
+    fn mysql_base() -> String {
+        std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+    }
+
+    /// One flusher statement per batch size must not stay prepared: sessions end in
+    /// batches of every size, and each connection would keep (client and server side) a
+    /// statement of each size it ever saw, up to sqlx's 100 per connection.
+    #[tokio::test]
+    async fn batches_of_every_size_leave_no_statements_prepared() {
+        let name = format!("herald_ut_marks_{:08x}", rand::random::<u32>());
+        let url = format!("{}/{name}", mysql_base());
+        herald_shared::db::migrate(&url).await.expect("a fresh schema");
+        // One connection: every batch goes through it.
+        let db = herald_shared::db::pool(&url, 1, None).expect("pool");
+        let (_marks, flusher) = channel(db.clone());
+        let cached = || async { db.acquire().await.expect("the connection").cached_statements_size() };
+        flusher.write(&[mark(0)]).await;
+        let before = cached().await;
+        for size in 2..=12 {
+            flusher.write(&(0..size).map(mark).collect::<Vec<_>>()).await;
+        }
+        let after = cached().await;
+        db.close().await;
+        let mut conn = sqlx::MySqlConnection::connect(&mysql_base()).await.expect("mysql");
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
+        assert_eq!(after, before, "a statement stayed prepared for each batch size");
+    }
+
+    fn mark(i: u64) -> Mark {
+        Mark { device: DeviceKey::new("t", format!("u{i}"), "d"), watermark: MsgId(i) }
     }
 }

@@ -111,7 +111,8 @@ pub async fn create(
     q.push_values(&members, |mut b, m| {
         b.push_bind(&c.tid).push_bind(&id).push_bind(m).push_bind(0u64).push_bind(0u64).push_bind(now);
     });
-    q.build().execute(&mut *tx).await?;
+    // Not kept prepared: the text differs with every number of members.
+    q.build().persistent(false).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok((
         StatusCode::CREATED,
@@ -227,7 +228,7 @@ pub async fn change_members(
         });
         // A former member rejoins from now on.
         q.push(" ON DUPLICATE KEY UPDATE joined_seq = VALUES(joined_seq), read_seq = GREATEST(read_seq, VALUES(read_seq)), left_seq = NULL, joined_at = VALUES(joined_at)");
-        q.build().execute(&mut *tx).await?;
+        q.build().persistent(false).execute(&mut *tx).await?;
     }
     for m in remove.intersection(&current) {
         sqlx::query(
@@ -314,7 +315,8 @@ pub async fn list(
             sep.push_bind(*id);
         }
         qb.push(")");
-        let msgs = qb.build().fetch_all(&state.db).await?;
+        // Not kept prepared: the text differs with every number of ids.
+        let msgs = qb.build().persistent(false).fetch_all(&state.db).await?;
         for item in items.iter_mut() {
             let Some(want) = item["last_message_id"].as_str().map(str::to_owned) else {
                 continue;
