@@ -18,7 +18,7 @@ section! {
         ///
         /// While all are busy, the batches its shards read meanwhile wait and are then
         /// committed together in one transaction (group commit).
-        pub commits_in_flight: usize = "4",
+        pub commits_in_flight: usize = "8",
         /// How long one XREADGROUP blocks waiting for entries.
         pub batch_block_ms: u64 = "1000",
         /// Lease time of shard ownership and of the snowflake worker id; renewed at a third.
