@@ -21,115 +21,18 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
 
 use crate::batch::{live_since, push_pairs, Committed, Recipient};
-use crate::lease::{IdSource, NoIdLease};
+use crate::lease::IdSource;
 
-/// What happened to one entry of the batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Committed now (`dup: false`) or earlier (`dup: true`).
-    Done(SendResult),
-    Rejected(ErrorCode, String),
-}
+mod fence;
+mod outcome;
+#[cfg(test)]
+mod tests;
 
-#[derive(Debug, Default)]
-pub struct BatchResult {
-    /// One per entry, in entry order.
-    pub outcomes: Vec<Outcome>,
-    pub committed: Vec<Committed>,
-    /// The outbox row covering `committed`.
-    pub outbox_id: Option<u64>,
-    /// Every device of every current member of the conversations in `committed`.
-    pub recipients: Vec<Recipient>,
-}
+pub use fence::Fence;
+pub use outcome::{BatchResult, CommitError, Failure, Outcome};
 
 /// The answer to a cmid reused for another conversation.
 const CMID_REUSED: &str = "this cmid was already used for a message to another conversation";
-
-#[derive(Debug, thiserror::Error)]
-pub enum CommitError {
-    #[error("mysql: {0}")]
-    Db(#[from] sqlx::Error),
-    #[error(transparent)]
-    NoIds(#[from] NoIdLease),
-    /// Another worker took the shard since this one's lease: it must stop.
-    #[error("shard {0} was taken over (fencing token moved on)")]
-    Fenced(u32),
-    /// The batch's ids grew too old before COMMIT; run it again with new ones.
-    #[error("ids drawn {0} ms before commit; drawing new ones")]
-    StaleIds(u64),
-}
-
-/// What to do about a failed commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// A deadlock, or a unique-key race with another worker during a takeover: run the
-    /// batch again (dedup finds the winner).
-    Conflict,
-    /// MySQL unreachable, overloaded or restarting, or no snowflake ids: wait, retry.
-    Transient,
-    /// MySQL refused the data itself: the same batch will fail again, so find the
-    /// entry that does it.
-    Poison,
-    /// The shard belongs to another worker now.
-    Fenced,
-}
-
-impl CommitError {
-    pub fn failure(&self) -> Failure {
-        match self {
-            CommitError::Fenced(_) => Failure::Fenced,
-            CommitError::NoIds(_) => Failure::Transient,
-            CommitError::StaleIds(_) => Failure::Conflict,
-            CommitError::Db(sqlx::Error::Database(e)) => {
-                let number = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().map(|m| m.number());
-                let state = e.code().unwrap_or_default();
-                match number {
-                    // Deadlock, duplicate key.
-                    Some(1213 | 1062) => Failure::Conflict,
-                    // Lock wait timeout, too many connections, shutdown, interrupted,
-                    // statement time limit, read-only during a failover.
-                    Some(1205 | 1040 | 1053 | 1317 | 1969 | 3024 | 1290 | 1836) => Failure::Transient,
-                    _ if state == "40001" => Failure::Conflict,
-                    _ if state.starts_with("08") || state.starts_with("HYT") => Failure::Transient,
-                    _ => Failure::Poison,
-                }
-            }
-            CommitError::Db(_) => Failure::Transient,
-        }
-    }
-}
-
-/// A shard's fencing token, as its current owner took it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fence {
-    pub shard: u32,
-    pub token: u64,
-}
-
-impl Fence {
-    /// Takes the shard's next token: from now on only commits with it go through. Waits
-    /// for a commit of the previous owner that is still running.
-    pub async fn take(db: &MySqlPool, shard: u32) -> Result<Fence, sqlx::Error> {
-        let mut tx = db.begin().await?;
-        sqlx::query("INSERT INTO shard_fences (shard, token) VALUES (?, 1) ON DUPLICATE KEY UPDATE token = token + 1")
-            .bind(shard)
-            .execute(&mut *tx)
-            .await?;
-        let token: u64 = sqlx::query_scalar("SELECT token FROM shard_fences WHERE shard = ?")
-            .bind(shard)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Fence { shard, token })
-    }
-}
-
-impl BatchResult {
-    /// Every one of `n` entries refused, nothing committed.
-    pub fn refused(n: usize, code: ErrorCode, message: &str) -> BatchResult {
-        BatchResult { outcomes: vec![Outcome::Rejected(code, message.into()); n], ..BatchResult::default() }
-    }
-}
 
 /// How repeats of committed messages are found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -479,55 +382,4 @@ fn lock_conversations(wanted: &[(&str, &str)]) -> QueryBuilder<'static, MySql> {
     push_pairs(&mut q, "tenant_id", "id", wanted);
     q.push(" ORDER BY tenant_id, id FOR UPDATE");
     q
-}
-
-#[cfg(test)]
-mod tests {
-    use sqlx::{Connection, Executor};
-
-    use super::*;
-
-    /// The MySQL server the tests use (`IT_MYSQL_URL`, default the local one).
-    fn mysql_base() -> String {
-        std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
-    }
-
-    /// A batch of a few hundred conversations locks those without waiting for a
-    /// concurrent batch's other conversations of the same tenant. Before: past ~150
-    /// pairs MariaDB read the `(a AND b) OR ...` form through the tenant's key prefix,
-    /// so its locking read waited on every conversation of the tenant that another
-    /// batch held: concurrent batches of a tenant ran one after the other.
-    #[tokio::test]
-    async fn a_batch_locks_only_its_own_conversations() {
-        let name = format!("herald_ut_locks_{:08x}", rand::random::<u32>());
-        let url = format!("{}/{name}", mysql_base());
-        herald_shared::db::migrate(&url).await.expect("a fresh schema");
-        let db = herald_shared::db::pool(&url, 2, None).expect("pool");
-        let mut q =
-            QueryBuilder::<MySql>::new("INSERT INTO conversations (tenant_id, id, kind, created_at, last_active_at) ");
-        // Ids as long as the load-test's, in a table of several pages.
-        let ids: Vec<String> = (0..1_000).map(|i| format!("1a22fb1d16b-c{i:04}")).collect();
-        q.push_values(&ids, |mut b, id| {
-            b.push_bind("t").push_bind(id).push_bind("direct").push_bind(0i64).push_bind(0i64);
-        });
-        q.build().execute(&db).await.expect("conversations");
-        db.execute("ANALYZE TABLE conversations").await.expect("statistics");
-
-        // A concurrent batch holds another conversation of the tenant.
-        let mut other = db.begin().await.expect("the other batch");
-        sqlx::query("SELECT id FROM conversations WHERE tenant_id = 't' AND id = '1a22fb1d16b-c0999' FOR UPDATE")
-            .fetch_all(&mut *other)
-            .await
-            .expect("the other batch's lock");
-        let wanted: Vec<(&str, &str)> = ids[..300].iter().map(|id| ("t", id.as_str())).collect();
-        let mut tx = db.begin().await.expect("the batch");
-        sqlx::query("SET SESSION innodb_lock_wait_timeout = 1").execute(&mut *tx).await.expect("timeout");
-        let locked = lock_conversations(&wanted).build().fetch_all(&mut *tx).await;
-        drop((tx, other));
-        db.close().await;
-        let mut conn = sqlx::MySqlConnection::connect(&mysql_base()).await.expect("mysql");
-        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
-        let locked = locked.expect("the batch waited for a conversation outside it");
-        assert_eq!(locked.len(), 300);
-    }
 }

@@ -1,0 +1,49 @@
+//! The commit pipeline's statements against a real MariaDB.
+
+use sqlx::{Connection, Executor};
+
+use super::*;
+
+/// The MySQL server the tests use (`IT_MYSQL_URL`, default the local one).
+fn mysql_base() -> String {
+    std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+/// A batch of a few hundred conversations locks those without waiting for a
+/// concurrent batch's other conversations of the same tenant. Before: past ~150
+/// pairs MariaDB read the `(a AND b) OR ...` form through the tenant's key prefix,
+/// so its locking read waited on every conversation of the tenant that another
+/// batch held: concurrent batches of a tenant ran one after the other.
+#[tokio::test]
+async fn a_batch_locks_only_its_own_conversations() {
+    let name = format!("herald_ut_locks_{:08x}", rand::random::<u32>());
+    let url = format!("{}/{name}", mysql_base());
+    herald_shared::db::migrate(&url).await.expect("a fresh schema");
+    let db = herald_shared::db::pool(&url, 2, None).expect("pool");
+    let mut q =
+        QueryBuilder::<MySql>::new("INSERT INTO conversations (tenant_id, id, kind, created_at, last_active_at) ");
+    // Ids as long as the load-test's, in a table of several pages.
+    let ids: Vec<String> = (0..1_000).map(|i| format!("1a22fb1d16b-c{i:04}")).collect();
+    q.push_values(&ids, |mut b, id| {
+        b.push_bind("t").push_bind(id).push_bind("direct").push_bind(0i64).push_bind(0i64);
+    });
+    q.build().execute(&db).await.expect("conversations");
+    db.execute("ANALYZE TABLE conversations").await.expect("statistics");
+
+    // A concurrent batch holds another conversation of the tenant.
+    let mut other = db.begin().await.expect("the other batch");
+    sqlx::query("SELECT id FROM conversations WHERE tenant_id = 't' AND id = '1a22fb1d16b-c0999' FOR UPDATE")
+        .fetch_all(&mut *other)
+        .await
+        .expect("the other batch's lock");
+    let wanted: Vec<(&str, &str)> = ids[..300].iter().map(|id| ("t", id.as_str())).collect();
+    let mut tx = db.begin().await.expect("the batch");
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = 1").execute(&mut *tx).await.expect("timeout");
+    let locked = lock_conversations(&wanted).build().fetch_all(&mut *tx).await;
+    drop((tx, other));
+    db.close().await;
+    let mut conn = sqlx::MySqlConnection::connect(&mysql_base()).await.expect("mysql");
+    let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
+    let locked = locked.expect("the batch waited for a conversation outside it");
+    assert_eq!(locked.len(), 300);
+}
