@@ -112,24 +112,19 @@ impl WatermarkFlusher {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use herald_shared::db::ScratchDb;
     use sqlx::Connection;
 
-    /// The MySQL server the tests use (`IT_MYSQL_URL`, default the local one).
-    fn mysql_base() -> String {
-        std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
-    }
+    use super::*;
 
     /// One flusher statement per batch size must not stay prepared: sessions end in
     /// batches of every size, and each connection would keep (client and server side) a
     /// statement of each size it ever saw, up to sqlx's 100 per connection.
     #[tokio::test]
     async fn batches_of_every_size_leave_no_statements_prepared() {
-        let name = format!("herald_ut_marks_{:08x}", rand::random::<u32>());
-        let url = format!("{}/{name}", mysql_base());
-        herald_shared::db::migrate(&url).await.expect("a fresh schema");
+        let scratch = ScratchDb::create("marks").await.expect("a fresh schema");
         // One connection: every batch goes through it.
-        let db = herald_shared::db::pool(&url, 1, None).expect("pool");
+        let db = herald_shared::db::pool(&scratch.url, 1, None).expect("pool");
         let (_marks, flusher) = channel(db.clone());
         let cached = || async { db.acquire().await.expect("the connection").cached_statements_size() };
         flusher.write(&[mark(0)]).await;
@@ -139,8 +134,7 @@ mod tests {
         }
         let after = cached().await;
         db.close().await;
-        let mut conn = sqlx::MySqlConnection::connect(&mysql_base()).await.expect("mysql");
-        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
+        scratch.remove().await;
         assert_eq!(after, before, "a statement stayed prepared for each batch size");
     }
 

@@ -66,6 +66,37 @@ pub async fn migrate(url: &str) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
+/// A fresh, migrated database on the MySQL server the tests use (`IT_MYSQL_URL`, default
+/// the local one): for a crate's own tests that need real MySQL. [`ScratchDb::remove`]
+/// drops it.
+#[derive(Debug)]
+pub struct ScratchDb {
+    server: String,
+    name: String,
+    /// The database's URL.
+    pub url: String,
+}
+
+impl ScratchDb {
+    /// Creates `herald_ut_<label>_<random>` with every migration applied.
+    pub async fn create(label: &str) -> Result<ScratchDb, sqlx::Error> {
+        let server = std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into());
+        let name = format!("herald_ut_{label}_{:08x}", rand::random::<u32>());
+        let url = format!("{}/{name}", server.trim_end_matches('/'));
+        migrate(&url).await?;
+        Ok(ScratchDb { server, name, url })
+    }
+
+    /// Drops the database (best effort: a test's own outcome is what it reports).
+    pub async fn remove(self) {
+        if let Ok(opts) = options(&self.server) {
+            if let Ok(mut conn) = opts.database("information_schema").connect().await {
+                let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{}`", self.name)).execute(&mut conn).await;
+            }
+        }
+    }
+}
+
 /// True when every migration this build knows has been applied.
 pub async fn migrations_applied(pool: &MySqlPool) -> bool {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);

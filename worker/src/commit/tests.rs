@@ -1,13 +1,9 @@
 //! The commit pipeline's statements against a real MariaDB.
 
-use sqlx::{Connection, Executor};
+use herald_shared::db::ScratchDb;
+use sqlx::Executor;
 
 use super::*;
-
-/// The MySQL server the tests use (`IT_MYSQL_URL`, default the local one).
-fn mysql_base() -> String {
-    std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
-}
 
 /// A batch of a few hundred conversations locks those without waiting for a
 /// concurrent batch's other conversations of the same tenant. Before: past ~150
@@ -16,10 +12,8 @@ fn mysql_base() -> String {
 /// batch held: concurrent batches of a tenant ran one after the other.
 #[tokio::test]
 async fn a_batch_locks_only_its_own_conversations() {
-    let name = format!("herald_ut_locks_{:08x}", rand::random::<u32>());
-    let url = format!("{}/{name}", mysql_base());
-    herald_shared::db::migrate(&url).await.expect("a fresh schema");
-    let db = herald_shared::db::pool(&url, 2, None).expect("pool");
+    let scratch = ScratchDb::create("locks").await.expect("a fresh schema");
+    let db = herald_shared::db::pool(&scratch.url, 2, None).expect("pool");
     let mut q =
         QueryBuilder::<MySql>::new("INSERT INTO conversations (tenant_id, id, kind, created_at, last_active_at) ");
     // Ids as long as the load-test's, in a table of several pages.
@@ -42,8 +36,7 @@ async fn a_batch_locks_only_its_own_conversations() {
     let locked = lock_conversations(&wanted).build().fetch_all(&mut *tx).await;
     drop((tx, other));
     db.close().await;
-    let mut conn = sqlx::MySqlConnection::connect(&mysql_base()).await.expect("mysql");
-    let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
+    scratch.remove().await;
     let locked = locked.expect("the batch waited for a conversation outside it");
     assert_eq!(locked.len(), 300);
 }
