@@ -2,116 +2,18 @@
 //! counters shared by senders and devices, and the progress line. The histograms are
 //! sharded by thread: recording a send or a delivery takes no lock another thread holds.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use herald_client::device::{Observer, Via};
 use herald_shared::protocol::{Message, ServerFrame};
-use serde::Serialize;
 
-pub fn micros_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
-}
+mod latency;
 
-pub fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds")
-}
-
-/// p50/p95/p99/max in milliseconds.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
-pub struct Pct {
-    pub count: u64,
-    pub p50: f64,
-    pub p95: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-impl Pct {
-    pub fn of(h: &Histogram<u64>) -> Pct {
-        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-        Pct { count: h.len(), p50: ms(0.5), p95: ms(0.95), p99: ms(0.99), max: h.max() as f64 / 1000.0 }
-    }
-}
-
-/// One sample of the run, every `tick`.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
-pub struct Tick {
-    pub t_s: f64,
-    pub sends_per_s: f64,
-    pub deliveries_per_s: f64,
-    pub backlog_delivered: u64,
-    pub send_ack_p99_ms: f64,
-    /// How far behind their schedule sends went out (absent from older reports).
-    #[serde(default)]
-    pub send_lag_p99_ms: f64,
-    pub realtime_p50_ms: f64,
-    pub realtime_p99_ms: f64,
-    pub online: i64,
-    pub note: Option<String>,
-}
-
-/// A latency histogram for the whole run and one for the current tick.
-struct Hist {
-    total: Histogram<u64>,
-    window: Histogram<u64>,
-}
-
-impl Hist {
-    fn new() -> Hist {
-        Hist { total: histogram(), window: histogram() }
-    }
-
-    fn record(&mut self, micros: u64) {
-        let v = micros.max(1);
-        let _ = self.total.record(v);
-        let _ = self.window.record(v);
-    }
-}
-
-/// One shard of the recorder's histograms. Each thread records into its own shard, so
-/// devices and senders never wait on one another for a lock; the shards are merged
-/// when a tick or the report reads them.
-/// Send-ack and realtime delivery latencies count from when the message was due by its
-/// sender's schedule; the `_actual` ones from when it was sent.
-struct Shard {
-    send_ack: Hist,
-    send_ack_actual: Histogram<u64>,
-    realtime: Hist,
-    realtime_actual: Histogram<u64>,
-    send_lag: Hist,
-    own_lag: Histogram<u64>,
-    backlog: Histogram<u64>,
-    catch_up: Histogram<u64>,
-}
-
-impl Shard {
-    fn new() -> Mutex<Shard> {
-        Mutex::new(Shard {
-            send_ack: Hist::new(),
-            send_ack_actual: histogram(),
-            realtime: Hist::new(),
-            realtime_actual: histogram(),
-            send_lag: Hist::new(),
-            own_lag: histogram(),
-            backlog: histogram(),
-            catch_up: histogram(),
-        })
-    }
-}
-
-fn micros(d: Duration) -> u64 {
-    (d.as_micros() as u64).max(1)
-}
-
-/// This thread's number, for its shard.
-fn thread_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local!(static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed));
-    INDEX.with(|i| *i)
-}
+pub use latency::{histogram, micros_now, Pct, Tick};
+use latency::{micros, thread_index, Shard};
 
 /// Counters and histograms shared by senders, devices and the progress display.
 pub struct Recorder {
