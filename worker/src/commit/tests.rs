@@ -22,6 +22,10 @@ async fn a_batch_locks_only_its_own_conversations() {
         b.push_bind("t").push_bind(id).push_bind("direct").push_bind(0i64).push_bind(0i64);
     });
     q.build().execute(&db).await.expect("conversations");
+    // And one of another tenant, locked by the same batch.
+    db.execute("INSERT INTO conversations (tenant_id, id, kind, created_at, last_active_at) VALUES ('u', '1a22fb1d16b-c0000', 'direct', 0, 0)")
+        .await
+        .expect("another tenant's conversation");
     db.execute("ANALYZE TABLE conversations").await.expect("statistics");
 
     // A concurrent batch holds another conversation of the tenant.
@@ -30,7 +34,8 @@ async fn a_batch_locks_only_its_own_conversations() {
         .fetch_all(&mut *other)
         .await
         .expect("the other batch's lock");
-    let wanted: Vec<(&str, &str)> = ids[..300].iter().map(|id| ("t", id.as_str())).collect();
+    let mut wanted: Vec<(&str, &str)> = ids[..300].iter().map(|id| ("t", id.as_str())).collect();
+    wanted.push(("u", ids[0].as_str()));
     let mut tx = db.begin().await.expect("the batch");
     sqlx::query("SET SESSION innodb_lock_wait_timeout = 1").execute(&mut *tx).await.expect("timeout");
     let locked = lock_conversations(&wanted).build().fetch_all(&mut *tx).await;
@@ -38,5 +43,5 @@ async fn a_batch_locks_only_its_own_conversations() {
     db.close().await;
     scratch.remove().await;
     let locked = locked.expect("the batch waited for a conversation outside it");
-    assert_eq!(locked.len(), 300);
+    assert_eq!(locked.len(), 301);
 }
