@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use herald_shared::config::cli::{help_requested, usage};
 use herald_shared::config::{load, ProcessEnv, Role};
 
+/// mimalloc: glibc malloc took a fifth of the gateway's CPU under load (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ABOUT: &str = "serves clients over HTTP and WebSocket: sends, sessions, backlog and pushes.";
 
 #[tokio::main]

@@ -8,6 +8,10 @@ use herald_loadtest::cli::{Cli, Command};
 use herald_loadtest::{probe, report, scenarios, sends};
 use serde_json::json;
 
+/// mimalloc: glibc malloc took a fifth of the gateway's CPU under load (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();

@@ -6,6 +6,10 @@ use std::process::ExitCode;
 use herald_shared::config::cli::{help_requested, usage, Command};
 use herald_shared::config::{load, ProcessEnv, Role};
 
+/// mimalloc: glibc malloc took a fifth of the gateway's CPU under load (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ABOUT: &str = "commits sends to MySQL in batches, fans them out into Redis and runs the outbox.";
 
 const COMMANDS: &[Command] = &[
