@@ -6,7 +6,9 @@
 //! In one transaction: check the fencing tokens; lock the conversations in a
 //! fixed order; check membership; number the messages (`seq`) in stream order; insert
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
-//! outbox row covering the batch. Nothing is acknowledged before COMMIT returns.
+//! outbox row covering the batch. Nothing is acknowledged before COMMIT returns. The
+//! transaction is three round trips: a script of the reads, one of the writes, and
+//! COMMIT (`script.rs`).
 //! Repeats of committed messages (same tenant, sender and cmid) are refused by the
 //! unique key; only then does the batch run again, looking them up first.
 
@@ -17,19 +19,21 @@ use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::protocol::{IngressEntry, SendResult};
-use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, QueryBuilder, Row};
+use sqlx::mysql::{MySqlConnection, MySqlPool};
+use sqlx::Row;
 
-use crate::batch::{live_since, push_pairs, Committed, Recipient};
+use crate::batch::{live_since, Committed, Recipient};
 use crate::lease::IdSource;
 
 mod fence;
 mod outcome;
+mod script;
 #[cfg(test)]
 mod tests;
 
 pub use fence::Fence;
 pub use outcome::{BatchResult, CommitError, Failure, Outcome};
+use script::Script;
 
 /// The answer to a cmid reused for another conversation.
 const CMID_REUSED: &str = "this cmid was already used for a message to another conversation";
@@ -110,39 +114,90 @@ impl CommitPipeline {
         dedup: Dedup,
     ) -> Result<BatchResult, CommitError> {
         let started = Instant::now();
-        let mut tx = self.db.begin().await?;
+        let mut conn = self.db.acquire().await?;
+        let result = self.run(&mut conn, entries, ids, fences, dedup).await;
+        if result.is_err() {
+            // The scripts stop at their first error, so the transaction may still be
+            // open: rolled back, or the connection is not used again.
+            let mut rollback = Script::default();
+            rollback.push("ROLLBACK");
+            if rollback.run(&mut conn).await.is_err() {
+                conn.close_on_drop();
+            }
+        }
+        let result = result?;
+        metrics::histogram!("herald_worker_commit_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("herald_worker_batch_size").record(entries.len() as f64);
+        metrics::counter!("herald_messages_committed_total").increment(result.committed.len() as u64);
+        Ok(result)
+    }
+
+    /// The transaction, in three round trips: the reads script, the writes script (once
+    /// the batch is numbered here), then COMMIT once the ids are known to be fresh.
+    async fn run(
+        &self,
+        conn: &mut MySqlConnection,
+        entries: &[IngressEntry],
+        ids: &IdSource,
+        fences: &[Fence],
+        dedup: Dedup,
+    ) -> Result<BatchResult, CommitError> {
         let now = now_ms();
+        // The conversations of the batch, sorted: locked in key order, so concurrent
+        // batches never deadlock. (With repeats looked up, those of the repeats too:
+        // locking one more conversation is harmless, a round trip more is not.)
+        let mut wanted: Vec<(&str, &str)> = entries.iter().map(|e| (e.tenant.as_str(), e.conv.as_str())).collect();
+        wanted.sort();
+        wanted.dedup();
+
+        let mut reads = Script::default();
         // 0. Still the owner of every shard of the batch? The shared lock holds a new
         // owner's token bump off until this transaction ends.
-        let mut q = QueryBuilder::<MySql>::new("SELECT shard, token FROM shard_fences WHERE shard IN (");
-        let mut sep = q.separated(", ");
-        for f in fences {
-            sep.push_bind(f.shard);
+        reads.push("BEGIN; SELECT shard, token FROM shard_fences WHERE shard IN (");
+        for (i, f) in fences.iter().enumerate() {
+            if i > 0 {
+                reads.push(", ");
+            }
+            reads.int(f.shard);
         }
-        q.push(") LOCK IN SHARE MODE");
+        reads.push(") LOCK IN SHARE MODE;");
+        // 1. Repeats of already committed messages (when a first try found there are).
+        if dedup == Dedup::Lookup {
+            reads
+                .push(" SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at FROM messages WHERE ");
+            for (i, e) in entries.iter().enumerate() {
+                if i > 0 {
+                    reads.push(" OR ");
+                }
+                reads.push("(tenant_id = ").str(&e.tenant).push(" AND sender_id = ").str(&e.user);
+                reads.push(" AND client_msg_id = ").str(&e.cmid).push(")");
+            }
+            reads.push(";");
+        }
+        // 2. The conversations, locked; their current members (READ COMMITTED: as of
+        // now, under the locks) and those members' devices: the membership check and
+        // the fan-out's recipients. Devices unseen for the device TTL are not recipients
+        // (the janitor frees them).
+        reads.push(" ");
+        lock_conversations(&mut reads, &wanted);
+        reads.push(
+            "; SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id FROM members m \
+                    LEFT JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
+                    AND d.expired_at IS NULL AND d.last_seen_at >= ",
+        );
+        reads.int(live_since(self.device_ttl_ms)).push(" WHERE m.left_seq IS NULL AND ");
+        reads.pairs("m.tenant_id", "m.conv_id", &wanted);
+        let mut sets = reads.run(&mut *conn).await?.into_iter().map(|(rows, _)| rows).skip(1);
+        let mut next = || sets.next().ok_or_else(|| sqlx::Error::Protocol("the reads script answered short".into()));
+
         let tokens: HashMap<u32, u64> =
-            q.build_query_as::<(u32, u64)>().fetch_all(&mut *tx).await?.into_iter().collect();
+            next()?.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<_, sqlx::Error>>()?;
         if let Some(f) = fences.iter().find(|f| tokens.get(&f.shard) != Some(&f.token)) {
             return Err(CommitError::Fenced(f.shard));
         }
-
-        // 1. Repeats of already committed messages (when a first try found there are).
         let mut existing: HashMap<(String, String, String), SendResult> = HashMap::new();
-        if dedup == Dedup::Lookup && !entries.is_empty() {
-            let mut q = QueryBuilder::<MySql>::new(
-                "SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at FROM messages WHERE ",
-            );
-            let mut sep = q.separated(" OR ");
-            for e in entries {
-                sep.push("(tenant_id = ")
-                    .push_bind_unseparated(&e.tenant)
-                    .push_unseparated(" AND sender_id = ")
-                    .push_bind_unseparated(&e.user)
-                    .push_unseparated(" AND client_msg_id = ")
-                    .push_bind_unseparated(&e.cmid)
-                    .push_unseparated(")");
-            }
-            for row in q.build().fetch_all(&mut *tx).await? {
+        if dedup == Dedup::Lookup {
+            for row in next()? {
                 let key = (row.text(0)?, row.text(1)?, row.text(2)?);
                 let r = SendResult {
                     id: MsgId(row.try_get::<u64, _>(3)?),
@@ -154,187 +209,85 @@ impl CommitPipeline {
                 existing.insert(key, r);
             }
         }
-
-        // 2. Lock the conversations the new messages go to, in a fixed order.
-        let mut wanted: Vec<(&str, &str)> = entries
-            .iter()
-            .filter(|e| !existing.contains_key(&(e.tenant.clone(), e.user.clone(), e.cmid.clone())))
-            .map(|e| (e.tenant.as_str(), e.conv.as_str()))
-            .collect();
-        wanted.sort();
-        wanted.dedup();
         let mut convs: BTreeMap<(String, String), ConvState> = BTreeMap::new();
-        if !wanted.is_empty() {
-            for row in lock_conversations(&wanted).build().fetch_all(&mut *tx).await? {
-                convs.insert(
-                    (row.text(0)?, row.text(1)?),
-                    ConvState {
-                        kind: row.text(2)?,
-                        created_at: row.try_get(3)?,
-                        last_seq: row.try_get(4)?,
-                        last_id: MsgId(row.try_get::<Option<u64>, _>(5)?.unwrap_or(0)),
-                        last_active_at: row.try_get(6)?,
-                        members: HashSet::new(),
-                        devices: Vec::new(),
-                        changed: false,
-                    },
-                );
-            }
-            // Current members (READ COMMITTED: as of now, under the conversation locks)
-            // and their devices: the membership check and the fan-out's recipients.
-            // Devices unseen for the device TTL are not recipients (the janitor frees them).
-            let mut q = QueryBuilder::<MySql>::new(
-                "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id FROM members m \
-                 LEFT JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
-                 AND d.expired_at IS NULL AND d.last_seen_at >= ",
+        for row in next()? {
+            convs.insert(
+                (row.text(0)?, row.text(1)?),
+                ConvState {
+                    kind: row.text(2)?,
+                    created_at: row.try_get(3)?,
+                    last_seq: row.try_get(4)?,
+                    last_id: MsgId(row.try_get::<Option<u64>, _>(5)?.unwrap_or(0)),
+                    last_active_at: row.try_get(6)?,
+                    members: HashSet::new(),
+                    devices: Vec::new(),
+                    changed: false,
+                },
             );
-            q.push_bind(live_since(self.device_ttl_ms)).push(" WHERE m.left_seq IS NULL AND (");
-            push_pairs(&mut q, "m.tenant_id", "m.conv_id", &wanted);
-            q.push(")");
-            for row in q.build().fetch_all(&mut *tx).await? {
-                let key: (String, String) = (row.text(0)?, row.text(1)?);
-                if let Some(c) = convs.get_mut(&key) {
-                    let user = row.text(2)?;
-                    if let Some(device) = row.opt_text(4)? {
-                        c.devices.push((user.clone(), row.try_get(3)?, device));
-                    }
-                    c.members.insert(user);
+        }
+        for row in next()? {
+            let key: (String, String) = (row.text(0)?, row.text(1)?);
+            if let Some(c) = convs.get_mut(&key) {
+                let user = row.text(2)?;
+                if let Some(device) = row.opt_text(4)? {
+                    c.devices.push((user.clone(), row.try_get(3)?, device));
                 }
+                c.members.insert(user);
             }
         }
 
         // 3. Number the new messages in stream order.
-        let mut result = BatchResult::default();
-        let mut planned: Vec<(usize, (String, String), u64, MsgId)> = Vec::new();
-        let mut seen_in_batch: HashMap<(String, String, String), usize> = HashMap::new();
-        // (entry, earlier entry of the batch with the same cmid): answered like it.
-        let mut repeats: Vec<(usize, usize)> = Vec::new();
-        let mut floors = Vec::new();
-        for (i, e) in entries.iter().enumerate() {
-            let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
-            if let Some(r) = existing.get(&dedup_key) {
-                result.outcomes.push(if r.conv == e.conv {
-                    Outcome::Done(r.clone())
-                } else {
-                    // Not a repeat: another message under a cmid already used.
-                    Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
-                });
-                continue;
-            }
-            if let Some(&first) = seen_in_batch.get(&dedup_key) {
-                // A placeholder until the first occurrence has its id (below).
-                repeats.push((i, first));
-                result.outcomes.push(Outcome::Rejected(ErrorCode::Internal, String::new()));
-                continue;
-            }
-            let key = (e.tenant.clone(), e.conv.clone());
-            let Some(conv) = convs.get_mut(&key) else {
-                result.outcomes.push(Outcome::Rejected(ErrorCode::NotFound, "no such conversation".into()));
-                continue;
-            };
-            if !conv.members.contains(&e.user) {
-                result
-                    .outcomes
-                    .push(Outcome::Rejected(ErrorCode::Forbidden, "not a member of this conversation".into()));
-                continue;
-            }
-            conv.last_seq += 1;
-            conv.changed = true;
-            conv.last_active_at = now as i64;
-            floors.push(conv.last_id);
-            planned.push((i, key, conv.last_seq, MsgId(0)));
-            seen_in_batch.insert(dedup_key, i);
-            result.outcomes.push(Outcome::Done(SendResult {
-                id: MsgId(0),
-                conv: e.conv.clone(),
-                seq: conv.last_seq,
-                ts: now,
-                dup: false,
-            }));
-        }
-        let new_ids = ids.next_ids(&floors)?;
-        for (p, id) in planned.iter_mut().zip(new_ids) {
-            p.3 = id;
-            if let Some(c) = convs.get_mut(&p.1) {
-                c.last_id = c.last_id.max(id);
-            }
-            if let Outcome::Done(r) = &mut result.outcomes[p.0] {
-                r.id = id;
-            }
-        }
-        for (i, first) in repeats {
-            if let Outcome::Done(r) = &result.outcomes[first] {
-                result.outcomes[i] = if r.conv == entries[i].conv {
-                    Outcome::Done(SendResult { dup: true, ..r.clone() })
-                } else {
-                    Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
-                };
-            }
-        }
+        let (mut result, planned) = number(entries, &existing, &mut convs, ids, now)?;
 
+        let mut writes = Script::default();
         if !planned.is_empty() {
             // 4. The messages, in one statement.
-            let mut q = QueryBuilder::<MySql>::new(
-                "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at) ",
+            writes.push(
+                "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at) VALUES ",
             );
-            q.push_values(&planned, |mut b, (i, _, seq, id)| {
+            for (n, (i, _, seq, id)) in planned.iter().enumerate() {
                 let e = &entries[*i];
-                b.push_bind(id.0)
-                    .push_bind(&e.tenant)
-                    .push_bind(&e.conv)
-                    .push_bind(*seq)
-                    .push_bind(&e.user)
-                    .push_bind(&e.device)
-                    .push_bind(&e.cmid)
-                    .push_bind(&e.body)
-                    .push_bind(now as i64);
-            });
-            q.build().execute(&mut *tx).await?;
-
+                writes.push(if n > 0 { ", (" } else { "(" }).int(id.0).push(", ").str(&e.tenant).push(", ");
+                writes.str(&e.conv).push(", ").int(*seq).push(", ").str(&e.user).push(", ").str(&e.device);
+                writes.push(", ").str(&e.cmid).push(", ").str(&e.body).push(", ").int(now).push(")");
+            }
             // 5. The conversations' new positions, in one statement (the rows exist and are locked).
-            let changed: Vec<(&(String, String), &ConvState)> = convs.iter().filter(|(_, c)| c.changed).collect();
-            let mut q = QueryBuilder::<MySql>::new(
-                "INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) ",
+            writes.push(
+                "; INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) VALUES ",
             );
-            q.push_values(&changed, |mut b, ((t, id), c)| {
-                b.push_bind(t)
-                    .push_bind(id)
-                    .push_bind(&c.kind)
-                    .push_bind(c.created_at)
-                    .push_bind(c.last_seq)
-                    .push_bind(c.last_id.0)
-                    .push_bind(c.last_active_at);
-            });
-            q.push(" ON DUPLICATE KEY UPDATE last_seq = VALUES(last_seq), last_msg_id = VALUES(last_msg_id), last_active_at = VALUES(last_active_at)");
-            q.build().execute(&mut *tx).await?;
-
+            for (n, ((t, id), c)) in convs.iter().filter(|(_, c)| c.changed).enumerate() {
+                writes.push(if n > 0 { ", (" } else { "(" }).str(t).push(", ").str(id).push(", ").str(&c.kind);
+                writes.push(", ").int(c.created_at).push(", ").int(c.last_seq).push(", ").int(c.last_id.0);
+                writes.push(", ").int(c.last_active_at).push(")");
+            }
+            writes.push(
+                " ON DUPLICATE KEY UPDATE last_seq = VALUES(last_seq), last_msg_id = VALUES(last_msg_id), \
+                 last_active_at = VALUES(last_active_at)",
+            );
             // 6. One outbox row for the whole batch, due a little later: the immediate
-            // dispatch below normally finishes it first.
+            // dispatch normally finishes it first.
             let ids: Vec<String> = planned.iter().map(|p| p.3.to_string()).collect();
             let payload = serde_json::json!({ "ids": ids }).to_string();
-            let res = sqlx::query(
-                "INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ?, 'PENDING', 0, ?, ?, ?)",
-            )
-            .bind(payload)
-            .bind((now + self.first_retry_delay_ms) as i64)
-            .bind(now as i64)
-            .bind(now as i64)
-            .execute(&mut *tx)
-            .await?;
-            result.outbox_id = Some(res.last_insert_id());
+            writes.push("; INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ");
+            writes.str(&payload).push(", 'PENDING', 0, ").int(now + self.first_retry_delay_ms).push(", ");
+            writes.int(now).push(", ").int(now).push(")");
+            let done = writes.run(&mut *conn).await?;
+            let outbox = done.get(2).ok_or_else(|| sqlx::Error::Protocol("the writes script answered short".into()))?;
+            result.outbox_id = Some(outbox.1.last_insert_id());
         }
-        // The batch's ids were drawn before its statements ran; if they took so long
-        // (a lock wait, a stall) that a device sync may already have passed those ids,
-        // the batch runs again with new ones.
+        // The batch's ids were drawn before its statements ran; if they took so long (a
+        // lock wait, a stall) that a device sync may already have passed those ids, the
+        // batch runs again with new ones.
         if let Some(oldest) = planned.iter().map(|p| p.3).min() {
             let age = now_ms().saturating_sub(oldest.unix_ms());
             if age > self.max_id_age_ms {
-                tx.rollback().await?;
                 metrics::counter!("herald_batches_redrawn_total").increment(1);
                 return Err(CommitError::StaleIds(age));
             }
         }
-        tx.commit().await?;
+        let mut commit = Script::default();
+        commit.push("COMMIT");
+        commit.run(&mut *conn).await?;
 
         result.committed = planned
             .iter()
@@ -365,21 +318,98 @@ impl CommitPipeline {
                 }));
             }
         }
-        metrics::histogram!("herald_worker_commit_seconds").record(started.elapsed().as_secs_f64());
-        metrics::histogram!("herald_worker_batch_size").record(entries.len() as f64);
-        metrics::counter!("herald_messages_committed_total").increment(result.committed.len() as u64);
         Ok(result)
     }
 }
+
+/// A new message of the batch: (entry, conversation, seq, id).
+type Planned = (usize, (String, String), u64, MsgId);
+
+/// Numbers the batch's new messages in stream order and answers every entry: repeats
+/// with their first commit, refusals with their reason.
+fn number(
+    entries: &[IngressEntry],
+    existing: &HashMap<(String, String, String), SendResult>,
+    convs: &mut BTreeMap<(String, String), ConvState>,
+    ids: &IdSource,
+    now: u64,
+) -> Result<(BatchResult, Vec<Planned>), CommitError> {
+    let mut result = BatchResult::default();
+    let mut planned: Vec<Planned> = Vec::new();
+    let mut seen_in_batch: HashMap<(String, String, String), usize> = HashMap::new();
+    // (entry, earlier entry of the batch with the same cmid): answered like it.
+    let mut repeats: Vec<(usize, usize)> = Vec::new();
+    let mut floors = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
+        if let Some(r) = existing.get(&dedup_key) {
+            result.outcomes.push(if r.conv == e.conv {
+                Outcome::Done(r.clone())
+            } else {
+                // Not a repeat: another message under a cmid already used.
+                Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
+            });
+            continue;
+        }
+        if let Some(&first) = seen_in_batch.get(&dedup_key) {
+            // A placeholder until the first occurrence has its id (below).
+            repeats.push((i, first));
+            result.outcomes.push(Outcome::Rejected(ErrorCode::Internal, String::new()));
+            continue;
+        }
+        let key = (e.tenant.clone(), e.conv.clone());
+        let Some(conv) = convs.get_mut(&key) else {
+            result.outcomes.push(Outcome::Rejected(ErrorCode::NotFound, "no such conversation".into()));
+            continue;
+        };
+        if !conv.members.contains(&e.user) {
+            result.outcomes.push(Outcome::Rejected(ErrorCode::Forbidden, "not a member of this conversation".into()));
+            continue;
+        }
+        conv.last_seq += 1;
+        conv.changed = true;
+        conv.last_active_at = now as i64;
+        floors.push(conv.last_id);
+        planned.push((i, key, conv.last_seq, MsgId(0)));
+        seen_in_batch.insert(dedup_key, i);
+        result.outcomes.push(Outcome::Done(SendResult {
+            id: MsgId(0),
+            conv: e.conv.clone(),
+            seq: conv.last_seq,
+            ts: now,
+            dup: false,
+        }));
+    }
+    let new_ids = ids.next_ids(&floors)?;
+    for (p, id) in planned.iter_mut().zip(new_ids) {
+        p.3 = id;
+        if let Some(c) = convs.get_mut(&p.1) {
+            c.last_id = c.last_id.max(id);
+        }
+        if let Outcome::Done(r) = &mut result.outcomes[p.0] {
+            r.id = id;
+        }
+    }
+    for (i, first) in repeats {
+        if let Outcome::Done(r) = &result.outcomes[first] {
+            result.outcomes[i] = if r.conv == entries[i].conv {
+                Outcome::Done(SendResult { dup: true, ..r.clone() })
+            } else {
+                Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
+            };
+        }
+    }
+    Ok((result, planned))
+}
+
 /// The statement that locks a batch's conversations (`wanted`: sorted, distinct,
 /// not empty), in key order so that concurrent batches never deadlock. It must lock
 /// those rows only: a plan that scans the tenant's conversations would lock them all
 /// and serialize every concurrent batch of the tenant.
-fn lock_conversations(wanted: &[(&str, &str)]) -> QueryBuilder<'static, MySql> {
-    let mut q = QueryBuilder::<MySql>::new(
+fn lock_conversations(script: &mut Script, wanted: &[(&str, &str)]) {
+    script.push(
         "SELECT tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at FROM conversations WHERE ",
     );
-    push_pairs(&mut q, "tenant_id", "id", wanted);
-    q.push(" ORDER BY tenant_id, id FOR UPDATE");
-    q
+    script.pairs("tenant_id", "id", wanted);
+    script.push(" ORDER BY tenant_id, id FOR UPDATE");
 }

@@ -1,7 +1,7 @@
 //! The commit pipeline's statements against a real MariaDB.
 
 use herald_shared::db::ScratchDb;
-use sqlx::Executor;
+use sqlx::{Executor, MySql, QueryBuilder};
 
 use super::*;
 
@@ -38,10 +38,44 @@ async fn a_batch_locks_only_its_own_conversations() {
     wanted.push(("u", ids[0].as_str()));
     let mut tx = db.begin().await.expect("the batch");
     sqlx::query("SET SESSION innodb_lock_wait_timeout = 1").execute(&mut *tx).await.expect("timeout");
-    let locked = lock_conversations(&wanted).build().fetch_all(&mut *tx).await;
+    let mut script = Script::default();
+    lock_conversations(&mut script, &wanted);
+    let locked = script.run(&mut tx).await.map(|mut sets| sets.remove(0).0);
     drop((tx, other));
     db.close().await;
     scratch.remove().await;
     let locked = locked.expect("the batch waited for a conversation outside it");
     assert_eq!(locked.len(), 301);
+}
+
+/// Whatever a string holds (quotes, backslashes, comment markers, NUL, any script), the
+/// scripts' literals carry it to MariaDB and back unchanged.
+#[tokio::test]
+async fn literals_carry_any_text_unchanged() {
+    let scratch = ScratchDb::create("literals").await.expect("a fresh schema");
+    let db = herald_shared::db::pool(&scratch.url, 1, None).expect("pool");
+    let texts = [
+        "plain",
+        "it's",
+        "back\\slash\\",
+        "\"quoted\"",
+        "emoji 🎉 中文",
+        "",
+        "nul\0byte",
+        "x'; DROP TABLE messages; --",
+    ];
+    let mut script = Script::default();
+    for (i, t) in texts.iter().enumerate() {
+        script.push(if i > 0 { "; SELECT " } else { "SELECT " }).str(t);
+    }
+    let mut conn = db.acquire().await.expect("a connection");
+    let sets = script.run(&mut conn).await;
+    drop(conn);
+    db.close().await;
+    scratch.remove().await;
+    let sets = sets.expect("the script runs");
+    assert_eq!(sets.len(), texts.len());
+    for (t, (rows, _)) in texts.iter().zip(&sets) {
+        assert_eq!(rows[0].text(0).expect("text"), *t);
+    }
 }
