@@ -56,12 +56,8 @@ pub fn live_since(device_ttl_ms: u64) -> i64 {
 /// was the largest part of MariaDB's CPU per message under load. A list per tenant is
 /// sorted once and stays point lookups.
 pub fn push_pairs(q: &mut QueryBuilder<'_, MySql>, tenant_col: &str, col: &str, pairs: &[(&str, &str)]) {
-    let mut by_tenant: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (t, id) in pairs {
-        by_tenant.entry(t).or_default().push(id);
-    }
     q.push("(");
-    for (n, (tenant, ids)) in by_tenant.into_iter().enumerate() {
+    for (n, (tenant, ids)) in by_tenant(pairs).into_iter().enumerate() {
         if n > 0 {
             q.push(" OR ");
         }
@@ -73,6 +69,16 @@ pub fn push_pairs(q: &mut QueryBuilder<'_, MySql>, tenant_col: &str, col: &str, 
         q.push("))");
     }
     q.push(")");
+}
+
+/// `(tenant, id)` pairs as one id list per tenant: the form both the bound statements
+/// and the commit scripts write.
+pub fn by_tenant<'a>(pairs: &[(&'a str, &'a str)]) -> BTreeMap<&'a str, Vec<&'a str>> {
+    let mut by_tenant: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (t, id) in pairs {
+        by_tenant.entry(*t).or_default().push(*id);
+    }
+    by_tenant
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use herald_shared::db::TextColumns;
-use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::protocol::{IngressEntry, SendResult};
 use sqlx::mysql::{MySqlConnection, MySqlPool};
@@ -26,12 +25,14 @@ use crate::batch::{live_since, Committed, Recipient};
 use crate::lease::IdSource;
 
 mod fence;
+mod numbering;
 mod outcome;
 mod script;
 #[cfg(test)]
 mod tests;
 
 pub use fence::Fence;
+use numbering::number;
 pub use outcome::{BatchResult, CommitError, Failure, Outcome};
 use script::Script;
 
@@ -320,86 +321,6 @@ impl CommitPipeline {
         }
         Ok(result)
     }
-}
-
-/// A new message of the batch: (entry, conversation, seq, id).
-type Planned = (usize, (String, String), u64, MsgId);
-
-/// Numbers the batch's new messages in stream order and answers every entry: repeats
-/// with their first commit, refusals with their reason.
-fn number(
-    entries: &[IngressEntry],
-    existing: &HashMap<(String, String, String), SendResult>,
-    convs: &mut BTreeMap<(String, String), ConvState>,
-    ids: &IdSource,
-    now: u64,
-) -> Result<(BatchResult, Vec<Planned>), CommitError> {
-    let mut result = BatchResult::default();
-    let mut planned: Vec<Planned> = Vec::new();
-    let mut seen_in_batch: HashMap<(String, String, String), usize> = HashMap::new();
-    // (entry, earlier entry of the batch with the same cmid): answered like it.
-    let mut repeats: Vec<(usize, usize)> = Vec::new();
-    let mut floors = Vec::new();
-    for (i, e) in entries.iter().enumerate() {
-        let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
-        if let Some(r) = existing.get(&dedup_key) {
-            result.outcomes.push(if r.conv == e.conv {
-                Outcome::Done(r.clone())
-            } else {
-                // Not a repeat: another message under a cmid already used.
-                Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
-            });
-            continue;
-        }
-        if let Some(&first) = seen_in_batch.get(&dedup_key) {
-            // A placeholder until the first occurrence has its id (below).
-            repeats.push((i, first));
-            result.outcomes.push(Outcome::Rejected(ErrorCode::Internal, String::new()));
-            continue;
-        }
-        let key = (e.tenant.clone(), e.conv.clone());
-        let Some(conv) = convs.get_mut(&key) else {
-            result.outcomes.push(Outcome::Rejected(ErrorCode::NotFound, "no such conversation".into()));
-            continue;
-        };
-        if !conv.members.contains(&e.user) {
-            result.outcomes.push(Outcome::Rejected(ErrorCode::Forbidden, "not a member of this conversation".into()));
-            continue;
-        }
-        conv.last_seq += 1;
-        conv.changed = true;
-        conv.last_active_at = now as i64;
-        floors.push(conv.last_id);
-        planned.push((i, key, conv.last_seq, MsgId(0)));
-        seen_in_batch.insert(dedup_key, i);
-        result.outcomes.push(Outcome::Done(SendResult {
-            id: MsgId(0),
-            conv: e.conv.clone(),
-            seq: conv.last_seq,
-            ts: now,
-            dup: false,
-        }));
-    }
-    let new_ids = ids.next_ids(&floors)?;
-    for (p, id) in planned.iter_mut().zip(new_ids) {
-        p.3 = id;
-        if let Some(c) = convs.get_mut(&p.1) {
-            c.last_id = c.last_id.max(id);
-        }
-        if let Outcome::Done(r) = &mut result.outcomes[p.0] {
-            r.id = id;
-        }
-    }
-    for (i, first) in repeats {
-        if let Outcome::Done(r) = &result.outcomes[first] {
-            result.outcomes[i] = if r.conv == entries[i].conv {
-                Outcome::Done(SendResult { dup: true, ..r.clone() })
-            } else {
-                Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
-            };
-        }
-    }
-    Ok((result, planned))
 }
 
 /// The statement that locks a batch's conversations (`wanted`: sorted, distinct,

@@ -10,13 +10,14 @@
 //! break out of whatever the SQL mode, and which still compares with the columns'
 //! collation (so the key lookups stay point lookups).
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use futures::future::BoxFuture;
 use futures::TryStreamExt;
 use sqlx::mysql::{MySqlConnection, MySqlQueryResult, MySqlRow};
 use sqlx::{Either, Executor};
+
+use crate::batch::by_tenant;
 
 /// SQL text with literals.
 #[derive(Default)]
@@ -48,12 +49,8 @@ impl Script {
     /// `(<tenant_col> = ? AND <col> IN (?, ...)) OR ...`, one term per tenant (the form
     /// MariaDB plans as point lookups at any count; see `batch::push_pairs`).
     pub fn pairs(&mut self, tenant_col: &str, col: &str, pairs: &[(&str, &str)]) -> &mut Self {
-        let mut by_tenant: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (t, id) in pairs {
-            by_tenant.entry(t).or_default().push(id);
-        }
         self.push("(");
-        for (n, (tenant, ids)) in by_tenant.into_iter().enumerate() {
+        for (n, (tenant, ids)) in by_tenant(pairs).into_iter().enumerate() {
             if n > 0 {
                 self.push(" OR ");
             }
