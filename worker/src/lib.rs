@@ -110,6 +110,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let shared = Arc::new(WorkerContext {
         commit: CommitPipeline::new(
             db.clone(),
+            cfg.worker.commits_in_flight,
             cfg.outbox.first_retry_delay_ms,
             cfg.delivery.sync_settle_ms,
             cfg.delivery.device_ttl_s * 1000,

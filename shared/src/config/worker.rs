@@ -30,7 +30,7 @@ section! {
         /// Realtime pushes carry their frame; a backlog page reads frames from Redis and
         /// rebuilds the rest from MySQL, so this window sizes Redis memory, not delivery.
         pub message_ttl_s: u64 = "300",
-        /// MySQL connections of the worker.
+        /// MySQL connections of the worker's pool; its commits keep up to `worker.commits_in_flight` more.
         pub db_pool_size: u32 = "16",
         /// Groups up to this size send `read` frames to every member's devices.
         ///

@@ -24,6 +24,7 @@ use sqlx::Row;
 use crate::batch::{live_since, Committed, Recipient};
 use crate::lease::IdSource;
 
+mod connections;
 mod fence;
 mod numbering;
 mod outcome;
@@ -31,6 +32,7 @@ mod script;
 #[cfg(test)]
 mod tests;
 
+use connections::CommitConnections;
 pub use fence::Fence;
 use numbering::number;
 pub use outcome::{BatchResult, CommitError, Failure, Outcome};
@@ -61,7 +63,7 @@ fn is_repeat(e: &sqlx::Error) -> bool {
 
 #[derive(Debug)]
 pub struct CommitPipeline {
-    db: MySqlPool,
+    conns: CommitConnections,
     first_retry_delay_ms: u64,
     /// Devices unseen this long are no recipients (`delivery.device_ttl_s`).
     device_ttl_ms: u64,
@@ -84,8 +86,21 @@ struct ConvState {
 }
 
 impl CommitPipeline {
-    pub fn new(db: MySqlPool, first_retry_delay_ms: u64, sync_settle_ms: u64, device_ttl_ms: u64) -> Self {
-        CommitPipeline { db, first_retry_delay_ms, max_id_age_ms: sync_settle_ms / 2, device_ttl_ms }
+    /// Commits on connections of `db`, keeping up to `commits_in_flight` of them between
+    /// commits (`connections.rs`).
+    pub fn new(
+        db: MySqlPool,
+        commits_in_flight: usize,
+        first_retry_delay_ms: u64,
+        sync_settle_ms: u64,
+        device_ttl_ms: u64,
+    ) -> Self {
+        CommitPipeline {
+            conns: CommitConnections::new(db, commits_in_flight),
+            first_retry_delay_ms,
+            max_id_age_ms: sync_settle_ms / 2,
+            device_ttl_ms,
+        }
     }
 
     /// Commits the batch. Repeats are rare (a client resending after a timeout, a batch
@@ -115,15 +130,17 @@ impl CommitPipeline {
         dedup: Dedup,
     ) -> Result<BatchResult, CommitError> {
         let started = Instant::now();
-        let mut conn = self.db.acquire().await?;
+        let mut conn = self.conns.take().await?;
         let result = self.run(&mut conn, entries, ids, fences, dedup).await;
-        if result.is_err() {
+        if result.is_ok() {
+            self.conns.give_back(conn);
+        } else {
             // The scripts stop at their first error, so the transaction may still be
             // open: rolled back, or the connection is not used again.
             let mut rollback = Script::default();
             rollback.push("ROLLBACK");
-            if rollback.run(&mut conn).await.is_err() {
-                conn.close_on_drop();
+            if rollback.run(&mut conn).await.is_ok() {
+                self.conns.give_back(conn);
             }
         }
         let result = result?;

@@ -3,6 +3,7 @@
 use herald_shared::db::ScratchDb;
 use sqlx::{Executor, MySql, QueryBuilder};
 
+use super::connections::CommitConnections;
 use super::*;
 
 /// A batch of a few hundred conversations locks those without waiting for a
@@ -78,4 +79,31 @@ async fn literals_carry_any_text_unchanged() {
     for (t, (rows, _)) in texts.iter().zip(&sets) {
         assert_eq!(rows[0].text(0).expect("text"), *t);
     }
+}
+
+/// Commits reuse the connection the last one gave back (no pool round trips), and one
+/// the server closed while it was kept is noticed and replaced before a commit uses it.
+#[tokio::test]
+async fn commit_connections_are_reused_and_replaced_when_closed() {
+    let scratch = ScratchDb::create("commitconns").await.expect("a fresh schema");
+    let db = herald_shared::db::pool(&scratch.url, 2, None).expect("pool");
+    let conns = CommitConnections::new(db.clone(), 2);
+    let id = |mut c: sqlx::mysql::MySqlConnection| async move {
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut c).await.expect("an id");
+        (c, id)
+    };
+    let (first, first_id) = id(conns.take().await.expect("a connection")).await;
+    conns.give_back(first);
+    let (again, again_id) = id(conns.take().await.expect("a connection")).await;
+    assert_eq!(again_id, first_id, "the kept connection is taken again");
+    conns.give_back(again);
+    assert_eq!(conns.kept(), 1);
+
+    db.execute(format!("KILL CONNECTION {first_id}").as_str()).await.expect("kill");
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let (fresh, fresh_id) = id(conns.take().await.expect("a connection")).await;
+    drop(fresh);
+    db.close().await;
+    scratch.remove().await;
+    assert_ne!(fresh_id, first_id, "the closed connection was replaced");
 }
