@@ -144,7 +144,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let dispatcher =
         OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) };
     process.spawn_supervised("outbox_dispatcher", Criticality::Background, move |c| dispatcher.clone().run(c));
-    let marker = SentMarker { outbox: shared.outbox.clone(), rx: Arc::new(tokio::sync::Mutex::new(sent_rx)) };
+    let marker = SentMarker {
+        outbox: shared.outbox.clone(),
+        rx: Arc::new(tokio::sync::Mutex::new(sent_rx)),
+        linger: Duration::from_millis(shared.cfg.outbox.sent_mark_linger_ms),
+    };
     process.spawn_supervised("sent_marker", Criticality::Background, move |c| marker.clone().run(c));
     let janitor = janitor::Janitor {
         db: shared.db.clone(),

@@ -320,6 +320,8 @@ pub struct SentMarker {
     pub outbox: Arc<Outbox>,
     /// Outlives a restart of the loop: marks queued meanwhile are not lost.
     pub rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<u64>>>,
+    /// How long marks gather before one UPDATE (`outbox.sent_mark_linger_ms`).
+    pub linger: std::time::Duration,
 }
 
 impl SentMarker {
@@ -336,6 +338,12 @@ impl SentMarker {
             };
             let Some(first) = first else { break };
             ids.push(first);
+            // The marks of the next fan-outs join this one's UPDATE (off the send path:
+            // the senders were answered at COMMIT).
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(self.linger) => {}
+            }
             while ids.len() < Self::MAX_IDS {
                 match rx.try_recv() {
                     Ok(id) => ids.push(id),

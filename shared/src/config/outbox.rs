@@ -13,6 +13,12 @@ section! {
         ///
         /// The immediate post-commit dispatch normally finishes a row before it is due.
         pub first_retry_delay_ms: u64 = "5000",
+        /// How long the SENT marks of finished fan-outs gather before one UPDATE writes them.
+        ///
+        /// Each UPDATE is a transaction of its own (and an fsync): at low load, with a
+        /// batch or two per commit, marking each at once cost MariaDB as much as the
+        /// commit. Less than `outbox.first_retry_delay_ms`, or the dispatcher redoes them.
+        pub sent_mark_linger_ms: u64 = "100",
         /// Delay before retry n, comma-separated (the last value repeats).
         pub backoff_ms: Vec<u64> = "5000,20000,80000,320000,1280000",
         /// Failed retries before an event is DEAD and waits for an operator.
@@ -52,6 +58,9 @@ impl OutboxConfig {
         if self.fixed_delay_ms == 0 {
             bad.push("outbox.fixed_delay_ms", "must be positive");
         }
+        if self.sent_mark_linger_ms >= self.first_retry_delay_ms {
+            bad.push("outbox.sent_mark_linger_ms", "must be less than outbox.first_retry_delay_ms");
+        }
         if self.claim_batch == 0 || self.purge_batch == 0 {
             bad.push("outbox.claim_batch", "claim_batch and purge_batch must be positive");
         }
@@ -89,6 +98,22 @@ mod tests {
     }
 
     #[test]
+    fn sent_marks_gather_for_less_than_the_first_retry_delay() {
+        let linger = |first: &str, linger: &str| {
+            let e = env(&[
+                SECRET,
+                ("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", first),
+                ("HERALD_OUTBOX__SENT_MARK_LINGER_MS", linger),
+            ]);
+            load(Role::Worker, &[], &e).map(|(cfg, _)| cfg.outbox.sent_mark_linger_ms).map_err(|e| e.to_string())
+        };
+        assert_eq!(linger("1000", "100"), Ok(100));
+        assert_eq!(linger("1000", "0"), Ok(0));
+        let err = linger("1000", "1000").unwrap_err();
+        assert!(err.contains("outbox.sent_mark_linger_ms: must be less than outbox.first_retry_delay_ms"), "{err}");
+    }
+
+    #[test]
     fn the_watermark_margin_must_cover_the_outbox_retry_window() {
         let o = super::OutboxConfig::default();
         assert_eq!(o.retry_window_ms(), 5_000 + 5_000 + 20_000 + 80_000 + 320_000 + 1_280_000 + 60_000);
@@ -103,6 +128,7 @@ mod tests {
             SECRET,
             ("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1000"),
             ("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "100"),
+            ("HERALD_OUTBOX__SENT_MARK_LINGER_MS", "50"),
             ("HERALD_OUTBOX__BACKOFF_MS", "100"),
             ("HERALD_OUTBOX__MAX_ATTEMPTS", "3"),
             ("HERALD_OUTBOX__SENDING_STALE_MS", "1500"),
@@ -113,6 +139,7 @@ mod tests {
             SECRET,
             ("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "1900"),
             ("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "100"),
+            ("HERALD_OUTBOX__SENT_MARK_LINGER_MS", "50"),
             ("HERALD_OUTBOX__BACKOFF_MS", "100"),
             ("HERALD_OUTBOX__MAX_ATTEMPTS", "3"),
             ("HERALD_OUTBOX__SENDING_STALE_MS", "1500"),
