@@ -14,8 +14,8 @@ import sys
 
 LAYERS = {
     "shared": [
-        ["ids", "error", "redis", "telemetry", "db", "scripts", "process", "process_metrics"],
-        ["auth"],
+        ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
+        ["redis", "db", "auth"],
         ["keys", "config"],
         ["protocol", "device_state"],
         ["ops"],

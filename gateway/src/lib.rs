@@ -68,14 +68,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let metrics = herald_shared::telemetry::init_metrics();
     let cfg = Arc::new(cfg);
     let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size, Some(statement_timeout(&cfg)))?;
-    let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
+    let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
     let policy = herald_shared::redis::eviction_policy(redis.next()).await?;
     if cfg.gateway.require_noeviction && policy != "noeviction" {
         return Err(GatewayError::Eviction(policy));
     }
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let waiters = Arc::new(SendWaiters::default());
-    let subscriber = notices::subscribe(&cfg.redis_url, keys.node_channel(&cfg.node_id)).await?;
+    let subscriber = notices::subscribe(&cfg.redis_url, &cfg.redis.tls(), keys.node_channel(&cfg.node_id)).await?;
     let epoch = EpochWatch::new(epoch::current_epoch(&redis, &keys.epoch()).await?);
 
     let (listen, admin_listen) = (cfg.listen, cfg.admin_listen);
