@@ -102,7 +102,12 @@ pub struct Config {
 
 /// The process-wide keys, outside any section.
 const ROOT_KEYS: &[Key] = &[
-    Key::new("mysql_url", "mysql://root@127.0.0.1:3306/herald", BOTH, "MySQL or MariaDB URL."),
+    Key::new(
+        "mysql_url",
+        "mysql://root@127.0.0.1:3306/herald",
+        BOTH,
+        "MySQL or MariaDB URL; TLS with its `ssl-mode` and `ssl-ca` parameters (docs/operations.md).",
+    ),
     Key::new(
         "redis_url",
         "redis://127.0.0.1:6379/0",
@@ -206,6 +211,9 @@ impl Config {
         }
         if !self.mysql_url.starts_with("mysql://") && !self.mysql_url.starts_with("mariadb://") {
             bad.push("mysql_url", "must start with mysql://");
+        }
+        for problem in crate::db::tls_file_problems(&self.mysql_url) {
+            bad.push("mysql_url", &problem);
         }
         let schemes = ["redis://", "rediss://", "redis-cluster://", "rediss-cluster://"];
         if !schemes.iter().any(|s| self.redis_url.starts_with(s)) {
