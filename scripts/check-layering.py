@@ -27,6 +27,7 @@ LAYERS = {
         [""],
     ],
     "gateway": [
+        ["tls"],
         ["error", "limits", "listener", "waiters", "epoch", "sessions", "acks"],
         ["history", "ingress", "devices", "recovery", "watermarks", "notices"],
         ["session"],
