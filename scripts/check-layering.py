@@ -22,6 +22,7 @@ LAYERS = {
         [""],
     ],
     "client": [
+        ["tls"],
         ["http", "ws"],
         ["device"],
         [""],
