@@ -182,8 +182,9 @@ async fn a_message_crosses_every_hop_over_tls() {
 }
 
 /// `redis://` to a TLS-only Redis, or `rediss://` trusting another CA, fails at once
-/// with an error that says why; a gateway given a certificate file that is no PEM exits
-/// at start with a configuration error naming the key.
+/// with an error that says why, and a gateway with the plaintext URL exits at start; a
+/// gateway given a certificate file that is no PEM exits with a configuration error
+/// naming the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_and_untrusted_redis_clients_and_bad_files_are_refused() {
     let pki = Pki::new();
@@ -200,18 +201,34 @@ async fn plaintext_and_untrusted_redis_clients_and_bad_files_are_refused() {
     let err = herald_shared::redis::pool(&tls_url, &other, 1).await.expect_err("another CA is refused").to_string();
     assert!(err.contains("UnknownIssuer") || err.to_lowercase().contains("certificate"), "{err}");
 
+    // The gateway itself stops at start with that error; it never serves over plaintext.
+    let stderr = gateway_start_error(&[("HERALD_REDIS_URL", &plain_url)]).await;
+    assert!(stderr.contains("a server that requires TLS needs rediss://"), "{stderr}");
+
     let garbage = pki.dir.join("garbage.pem");
     std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let stderr = gateway_start_error(&[
+        ("HERALD_GATEWAY__TLS_CERT_FILE", text(&garbage)),
+        ("HERALD_GATEWAY__TLS_KEY_FILE", text(&pki.key)),
+    ])
+    .await;
+    assert!(stderr.contains("gateway.tls_cert_file") && stderr.contains("no `BEGIN CERTIFICATE` block"), "{stderr}");
+}
+
+/// Starts a gateway with only `env` (and a JWT secret) and expects it to exit at once
+/// without a panic; what it printed.
+async fn gateway_start_error(env: &[(&str, &str)]) -> String {
     let out = tokio::process::Command::new(bin("herald-gateway"))
         .env_clear()
         .env("HERALD_JWT_SECRET", herald_tests::SECRET)
-        .env("HERALD_GATEWAY__TLS_CERT_FILE", text(&garbage))
-        .env("HERALD_GATEWAY__TLS_KEY_FILE", text(&pki.key))
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .env("HERALD_LISTEN", "127.0.0.1:0")
+        .env("HERALD_ADMIN_LISTEN", "127.0.0.1:0")
+        .envs(env.iter().copied())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out).await.expect("the gateway exits").unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("gateway.tls_cert_file") && stderr.contains("no `BEGIN CERTIFICATE` block"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
 }
