@@ -14,19 +14,21 @@ import sys
 
 LAYERS = {
     "shared": [
-        ["ids", "error", "redis", "telemetry", "db", "scripts", "process", "process_metrics"],
-        ["auth"],
+        ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
+        ["redis", "db", "auth"],
         ["keys", "config"],
         ["protocol", "device_state"],
         ["ops"],
         [""],
     ],
     "client": [
+        ["tls"],
         ["http", "ws"],
         ["device"],
         [""],
     ],
     "gateway": [
+        ["tls"],
         ["error", "limits", "listener", "waiters", "epoch", "sessions", "acks"],
         ["history", "ingress", "devices", "recovery", "watermarks", "notices"],
         ["session"],

@@ -2,6 +2,7 @@
 //! the reference for clients in other languages (docs/protocol.md).
 //!
 //! # Layout
+//! - [`tls`]: whom to trust for `https://` and `wss://` gateways.
 //! - [`http`]: the HTTP API of one device.
 //! - [`ws`]: one WebSocket session with typed frames.
 //! - [`device`]: a device as an app runs it: reconnects, acks, drops repeats, shows
@@ -9,12 +10,14 @@
 
 pub mod device;
 pub mod http;
+pub mod tls;
 pub mod ws;
 
 use herald_shared::auth::{sign, Claims, Platform};
 use herald_shared::ids::now_ms;
 
 pub use http::{ClientError, HttpClient};
+pub use tls::Tls;
 pub use ws::{WsClient, WsEvent};
 
 /// Mints a token for a device, valid for a day.

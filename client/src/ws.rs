@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use herald_shared::protocol::{ClientFrame, FrameKind, ServerFrame};
 
+use crate::tls::Tls;
+
 /// What a WebSocket client sees next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WsEvent {
@@ -34,11 +36,10 @@ fn config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
 }
 
 impl WsClient {
-    /// Connects with the token in the query string (as browsers must).
+    /// Connects with the token in the query string (as browsers must); an `https://`
+    /// base connects with `wss://`, trusting the system's roots.
     pub async fn connect(base: &str, token: &str) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
-        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
-        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config()), true).await?;
-        Ok(WsClient { ws })
+        Self::connect_with(base, token, None, &Tls::system()).await
     }
 
     /// Like [`WsClient::connect`], from a chosen local address (many loopback addresses
@@ -48,23 +49,20 @@ impl WsClient {
         token: &str,
         local: Option<std::net::IpAddr>,
     ) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
-        let Some(local) = local else { return Self::connect(base, token).await };
+        Self::connect_with(base, token, local, &Tls::system()).await
+    }
+
+    /// Like [`WsClient::connect_from`], trusting `tls` when the gateway is `https://`.
+    pub async fn connect_with(
+        base: &str,
+        token: &str,
+        local: Option<std::net::IpAddr>,
+        tls: &Tls,
+    ) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
         let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
-        let host = base.split("://").nth(1).unwrap_or(base).trim_end_matches('/');
-        let remote = tokio::net::lookup_host(host)
-            .await?
-            .next()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} does not resolve")))?;
-        let socket = if remote.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
-        socket.bind(std::net::SocketAddr::new(local, 0))?;
-        let stream = socket.connect(remote).await?;
-        stream.set_nodelay(true)?;
-        let (ws, _) = tokio_tungstenite::client_async_with_config(
-            url,
-            tokio_tungstenite::MaybeTlsStream::Plain(stream),
-            Some(config()),
-        )
-        .await?;
+        let stream = tcp(base, local).await?;
+        let (ws, _) =
+            tokio_tungstenite::client_async_tls_with_config(url, stream, Some(config()), Some(tls.connector())).await?;
         Ok(WsClient { ws })
     }
 
@@ -125,4 +123,24 @@ impl WsClient {
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;
     }
+}
+
+/// A TCP connection to the gateway of `base` (`http://host:port`, `https://host`),
+/// from `local` when given, without Nagle's delay (frames are small and latency counts).
+async fn tcp(base: &str, local: Option<std::net::IpAddr>) -> std::io::Result<tokio::net::TcpStream> {
+    let (scheme, rest) = base.split_once("://").unwrap_or(("http", base));
+    let host = rest.split('/').next().unwrap_or(rest);
+    let has_port = host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+    let host = if has_port { host.to_owned() } else { format!("{host}:{}", if scheme == "https" { 443 } else { 80 }) };
+    let remote = tokio::net::lookup_host(&host)
+        .await?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} does not resolve")))?;
+    let socket = if remote.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    if let Some(local) = local {
+        socket.bind(std::net::SocketAddr::new(local, 0))?;
+    }
+    let stream = socket.connect(remote).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
 }

@@ -2,6 +2,7 @@
 //! parts together and runs them.
 //!
 //! # Layout (lower modules never import higher ones; docs/architecture.md)
+//! - [`tls`]: the listener's optional TLS.
 //! - Leaves: [`error`] (the API error), [`limits`] (rate and connection limits),
 //!   [`listener`] (the public listener), [`waiters`] (requests awaiting answers),
 //!   [`epoch`] (the Redis epoch), [`sessions`] (the directory of sessions here),
@@ -27,6 +28,7 @@ pub mod recovery;
 pub mod session;
 pub mod sessions;
 pub mod state;
+pub mod tls;
 pub mod waiters;
 pub mod watermarks;
 
@@ -59,6 +61,8 @@ pub enum GatewayError {
     Redis(#[from] fred::error::Error),
     #[error("redis maxmemory-policy is {0:?}; pending sets must never be evicted. Set it to noeviction, or gateway.require_noeviction = false")]
     Eviction(String),
+    #[error("gateway TLS: {0}")]
+    Tls(#[from] herald_shared::tls::TlsError),
     #[error("cannot bind {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
 }
@@ -68,16 +72,20 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let metrics = herald_shared::telemetry::init_metrics();
     let cfg = Arc::new(cfg);
     let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size, Some(statement_timeout(&cfg)))?;
-    let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
+    let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
     let policy = herald_shared::redis::eviction_policy(redis.next()).await?;
     if cfg.gateway.require_noeviction && policy != "noeviction" {
         return Err(GatewayError::Eviction(policy));
     }
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let waiters = Arc::new(SendWaiters::default());
-    let subscriber = notices::subscribe(&cfg.redis_url, keys.node_channel(&cfg.node_id)).await?;
+    let subscriber = notices::subscribe(&cfg.redis_url, &cfg.redis.tls(), keys.node_channel(&cfg.node_id)).await?;
     let epoch = EpochWatch::new(epoch::current_epoch(&redis, &keys.epoch()).await?);
 
+    let tls = match cfg.gateway.tls_files() {
+        Some((cert, key)) => Some(tls::ListenerTls::from_files(&cert, &key)?),
+        None => None,
+    };
     let (listen, admin_listen) = (cfg.listen, cfg.admin_listen);
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|source| GatewayError::Bind { addr: listen, source })?;
@@ -88,7 +96,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     // harnesses read them from this line.
     let bound =
         |l: &tokio::net::TcpListener, addr| l.local_addr().map_err(|source| GatewayError::Bind { addr, source });
-    tracing::info!(node = %cfg.node_id, listen = %bound(&listener, listen)?, admin = %bound(&admin, admin_listen)?, "gateway started");
+    tracing::info!(node = %cfg.node_id, listen = %bound(&listener, listen)?, tls = tls.is_some(), admin = %bound(&admin, admin_listen)?, "gateway started");
 
     let process = Process::new();
     let directory = Arc::new(SessionRegistry::default());
@@ -158,7 +166,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.serve_admin(admin, herald_shared::ops::router(metrics, process.readiness().clone()));
     let listener_cancel = process.cancel().child_token();
     let header_timeout = Duration::from_millis(g.handshake_timeout_ms);
-    process.spawn(listener::serve(listener, api::router(state.clone()), header_timeout, listener_cancel.clone()));
+    process.spawn(listener::serve(listener, tls, api::router(state.clone()), header_timeout, listener_cancel.clone()));
 
     shutdown.await;
     // Drain: fail readiness, stop accepting, tell every session when to come back,

@@ -1,6 +1,7 @@
 //! The public listener: HTTP/1.1 with a deadline on every request head (slowloris
 //! protection, `gateway.handshake_timeout_ms`), the socket peer's address for per-IP
-//! limits, upgrades for WebSockets, and a graceful stop.
+//! limits, upgrades for WebSockets, optional TLS ([`crate::tls`], its handshake under
+//! the same deadline), and a graceful stop.
 //!
 //! `axum::serve` sets no hyper timer, so a client that never finishes its request
 //! headers would hold a connection (and a task) forever; this loop sets one.
@@ -16,9 +17,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
 
+use crate::tls::ListenerTls;
+
 /// Serves `app` until `cancel`, then lets requests in progress finish. Each request
 /// carries `ConnectInfo<SocketAddr>` of its connection's peer.
-pub async fn serve(listener: TcpListener, app: Router, header_timeout: Duration, cancel: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<ListenerTls>,
+    app: Router,
+    header_timeout: Duration,
+    cancel: CancellationToken,
+) {
     let connections = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -34,8 +43,9 @@ pub async fn serve(listener: TcpListener, app: Router, header_timeout: Duration,
             },
         };
         let _ = stream.set_nodelay(true);
-        let (app, stop) = (app.clone(), cancel.clone());
+        let (app, stop, tls) = (app.clone(), cancel.clone(), tls.clone());
         connections.spawn(async move {
+            let Some(stream) = crate::tls::accept(tls.as_ref(), stream, header_timeout).await else { return };
             let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let mut req = req.map(axum::body::Body::new);
                 req.extensions_mut().insert(ConnectInfo(peer));

@@ -14,12 +14,16 @@ use crate::waiters::SendWaiters;
 
 /// Subscribes to this node's channel and dispatches what arrives. The subscription is
 /// made before the gateway accepts requests, so no answer can precede it.
-pub async fn subscribe(redis_url: &str, channel: String) -> Result<SubscriberClient, Error> {
-    let mut builder = herald_shared::redis::builder(redis_url, std::time::Duration::from_secs(3))?;
+pub async fn subscribe(
+    redis_url: &str,
+    tls: &herald_shared::tls::ClientTls,
+    channel: String,
+) -> Result<SubscriberClient, Error> {
+    let mut builder = herald_shared::redis::builder(redis_url, tls, std::time::Duration::from_secs(3))?;
     // fred's default (32 messages) overflows within one busy scheduling pause.
     builder.with_performance_config(|p| p.broadcast_channel_capacity = 8192);
     let client = builder.build_subscriber_client()?;
-    client.init().await?;
+    client.init().await.map_err(|e| herald_shared::redis::connect_error(redis_url, e))?;
     // Re-subscribes after every reconnect; the task lives as long as the client.
     drop(client.manage_subscriptions());
     client.subscribe(channel).await?;

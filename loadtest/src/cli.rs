@@ -95,6 +95,17 @@ pub struct Gateways {
     #[arg(long = "gateways", value_name = "URL,...", value_delimiter = ',', action = ArgAction::Set,
           default_value = "http://127.0.0.1:8080")]
     pub urls: Vec<String>,
+    /// PEM file of the CAs that sign `https://` gateways' certificates, trusted instead of
+    /// the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Gateways {
+    /// Whom to trust for `https://` gateways.
+    pub fn tls(&self) -> anyhow::Result<herald_client::Tls> {
+        Ok(herald_client::Tls::trusting(self.ca_file.as_deref())?)
+    }
 }
 
 /// Where a scenario runs, as whom, and where its report goes.

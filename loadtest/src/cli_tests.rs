@@ -185,3 +185,25 @@ fn help_lists_every_command_and_a_command_s_options() {
     let Err(e) = parse(&["--help"]) else { panic!("--help is not a command") };
     assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
 }
+
+#[test]
+fn a_ca_file_is_taken_wherever_gateways_are_and_must_exist() {
+    for words in [
+        &["steady", "--gateways", "https://gw:443", "--ca-file", "ca.pem"][..],
+        &["probe", "--gateways", "https://gw:443", "--ca-file", "ca.pem"],
+        &["sends", "--gateways", "https://gw:443", "--ca-file", "ca.pem"],
+    ] {
+        let gateways = match parse(words).unwrap() {
+            Command::Steady(s) => s.target.gateways,
+            Command::Probe(p) => p.gateways,
+            Command::Sends(s) => s.gateways,
+            _ => panic!("{words:?}"),
+        };
+        assert_eq!(gateways.ca_file.as_deref(), Some(std::path::Path::new("ca.pem")), "{words:?}");
+    }
+    let Command::Steady(s) = parse(&["steady", "--ca-file", "/nonexistent/ca.pem"]).unwrap() else { panic!("steady") };
+    let err = s.target.gateways.tls().unwrap_err().to_string();
+    assert!(err.contains("cannot read /nonexistent/ca.pem"), "{err}");
+    let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
+    assert!(s.target.gateways.tls().is_ok(), "the system's roots");
+}

@@ -31,17 +31,21 @@ pub struct Target {
     /// Loopback addresses devices connect from, in turn (none: the default).
     pub local_ips: Vec<IpAddr>,
     pub http: reqwest::Client,
+    /// Whom to trust for `https://` gateways (`--ca-file`).
+    pub tls: herald_client::Tls,
 }
 
 impl Target {
     pub fn from_args(args: &TargetArgs) -> Result<Target> {
+        let tls = args.gateways.tls()?;
         Ok(Target {
             gateways: args.gateways.urls.clone(),
             tenant: args.tenant.clone(),
             secret: args.secret.get()?,
             run: format!("{:x}", herald_shared::ids::now_ms()),
             local_ips: args.local_ips.clone(),
-            http: reqwest::Client::builder().pool_max_idle_per_host(4096).timeout(Duration::from_secs(30)).build()?,
+            http: tls.http().pool_max_idle_per_host(4096).timeout(Duration::from_secs(30)).build()?,
+            tls,
         })
     }
 
@@ -80,6 +84,7 @@ impl Target {
             gateways: self.gateways.clone(),
             first_gateway: index,
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
+            tls: self.tls.clone(),
             gap_sync_after: Duration::from_secs(5),
             reconnect: true,
             resume: Default::default(),

@@ -55,6 +55,7 @@ struct Expect {
 
 pub async fn probe(args: &cli::Probe) -> Result<()> {
     let gateways = args.gateways.urls.clone();
+    let tls = args.gateways.tls()?;
     let tenant = &args.tenant;
     let interval = Duration::from_millis(args.interval_ms);
     let loss_after = Duration::from_millis(args.loss_after_ms);
@@ -72,7 +73,10 @@ pub async fn probe(args: &cli::Probe) -> Result<()> {
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     let tok = |user: &str| token(&secret, tenant, user, "probe", Platform::Probe);
-    HttpClient::new(gateways[0].clone(), tok(&a)).create_conversation(Some(&conv), "direct", &[&a, &b]).await?;
+    let http = tls.http().timeout(Duration::from_secs(30)).build()?;
+    HttpClient::with_http(http, gateways[0].clone(), tok(&a))
+        .create_conversation(Some(&conv), "direct", &[&a, &b])
+        .await?;
     ready.set_dependencies(true);
 
     let deadline = (duration > 0).then(|| Instant::now() + Duration::from_secs(duration));
@@ -80,6 +84,7 @@ pub async fn probe(args: &cli::Probe) -> Result<()> {
     let to_a: Arc<Mutex<Expect>> = Arc::default();
     let side_a = tokio::spawn(side(
         gateways.clone(),
+        tls.clone(),
         tok(&a),
         conv.clone(),
         to_b.clone(),
@@ -90,6 +95,7 @@ pub async fn probe(args: &cli::Probe) -> Result<()> {
     ));
     let side_b = tokio::spawn(side(
         gateways[1 % gateways.len()..].to_vec(),
+        tls,
         tok(&b),
         conv,
         to_a,
@@ -108,6 +114,7 @@ pub async fn probe(args: &cli::Probe) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 async fn side(
     gateways: Vec<String>,
+    tls: herald_client::Tls,
     tok: String,
     conv: String,
     peer_expects: Arc<Mutex<Expect>>,
@@ -120,7 +127,7 @@ async fn side(
     let mut attempt: u32 = 0;
     while deadline.is_none_or(|d| Instant::now() < d) {
         let gw = &gateways[attempt as usize % gateways.len()];
-        let Ok(mut ws) = WsClient::connect(gw, &tok).await else {
+        let Ok(mut ws) = WsClient::connect_with(gw, &tok, None, &tls).await else {
             attempt += 1;
             let backoff = 100u64 << attempt.min(6);
             tokio::time::sleep(Duration::from_millis(backoff + rand::random::<u64>() % backoff)).await;

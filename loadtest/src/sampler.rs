@@ -46,7 +46,7 @@ impl Sampler {
     /// Connects to Redis and MySQL and reads one sample, so that a wrong URL fails the
     /// run before it starts.
     pub async fn connect(redis_url: &str, prefix: &str, mysql_url: &str, admins: &[AdminUrl]) -> Result<Sampler> {
-        let redis = herald_shared::redis::builder(redis_url, Duration::from_secs(10))?.build()?;
+        let redis = herald_shared::redis::builder(redis_url, &Default::default(), Duration::from_secs(10))?.build()?;
         redis.init().await.with_context(|| format!("connecting to Redis at {redis_url}"))?;
         let db = herald_shared::db::pool(mysql_url, 2, Some(Duration::from_secs(20)))?;
         let mut s = Sampler {

@@ -25,7 +25,7 @@ pub async fn sends(args: &cli::Sends) -> Result<()> {
     let secret = args.secret.get()?;
     let run = format!("{:x}", herald_shared::ids::now_ms());
     let http =
-        reqwest::Client::builder().pool_max_idle_per_host(senders + 16).timeout(Duration::from_secs(30)).build()?;
+        args.gateways.tls()?.http().pool_max_idle_per_host(senders + 16).timeout(Duration::from_secs(30)).build()?;
     let client = |gw: usize, user: &str, dev: &str| {
         HttpClient::with_http(
             http.clone(),

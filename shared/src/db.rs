@@ -17,6 +17,26 @@ fn options(url: &str) -> Result<MySqlConnectOptions, sqlx::Error> {
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1)))
 }
 
+/// What is wrong with the TLS files a MySQL URL names (`ssl-ca`, `ssl-cert`, `ssl-key`),
+/// read now: sqlx reads them only when it connects, so a wrong path would otherwise
+/// show as a pool that never connects, long after the start.
+pub fn tls_file_problems(url: &str) -> Vec<String> {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let mut out = Vec::new();
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let checked = match key {
+            "ssl-ca" | "ssl-cert" => crate::tls::certificates(std::path::Path::new(value)).map(drop),
+            "ssl-key" => crate::tls::private_key(std::path::Path::new(value)).map(drop),
+            _ => continue,
+        };
+        if let Err(e) = checked {
+            out.push(format!("{key}: {e}"));
+        }
+    }
+    out
+}
+
 /// A pool that connects lazily, so a process can start (and report not-ready) while
 /// the database is down.
 ///
@@ -171,6 +191,15 @@ impl TextColumns for sqlx::mysql::MySqlRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_files_of_the_url_are_checked() {
+        assert!(tls_file_problems("mysql://u:p@db:3306/herald?ssl-mode=REQUIRED").is_empty());
+        let problems = tls_file_problems("mysql://u:p@db/h?ssl-mode=VERIFY_CA&ssl-ca=/nonexistent/ca.pem");
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("ssl-ca: cannot read /nonexistent/ca.pem"), "{problems:?}");
+        assert!(!problems[0].contains("u:p"), "no credentials in the message");
+    }
 
     #[test]
     fn only_flush_at_every_commit_and_a_synced_binlog_are_durable() {

@@ -10,7 +10,7 @@
 //!   [`device_state`]: freeing what Redis holds for a device.
 //! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
 //! - [`db`]: the MySQL schema (migrations) and pools.
-//! - [`redis`]: Redis connection settings.
+//! - [`redis`]: Redis connection settings; [`tls`]: rustls settings for every hop.
 //! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
 //! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
 //!   [`process_metrics`]: CPU, memory and descriptors of the process.
@@ -30,3 +30,4 @@ pub mod protocol;
 pub mod redis;
 pub mod scripts;
 pub mod telemetry;
+pub mod tls;

@@ -1,20 +1,25 @@
-//! Redis connections: URL parsing (standalone or `redis-cluster://h1:p1,h2:p2`) and
-//! client settings that fail fast while Redis is down instead of queueing forever.
+//! Redis connections: URL parsing (standalone or `redis-cluster://h1:p1,h2:p2`; TLS
+//! with `rediss://` and `rediss-cluster://`) and client settings that fail fast while
+//! Redis is down instead of queueing forever.
 
 use std::time::Duration;
 
 use fred::interfaces::{ClusterInterface, ConfigInterface};
 use fred::prelude::*;
-use fred::types::config::{ReconnectPolicy, UnresponsiveConfig};
+use fred::types::config::{ReconnectPolicy, TlsConfig, TlsHostMapping, UnresponsiveConfig};
 
-/// Turns Herald's `redis-cluster://h1:p1,h2:p2` into fred's `?node=` form.
+use crate::tls::{ClientTls, TlsError};
+
+/// Turns Herald's `redis-cluster://h1:p1,h2:p2` (or `rediss-cluster://`) into fred's
+/// `?node=` form.
 fn fred_url(url: &str) -> String {
-    if let Some(rest) = url.strip_prefix("redis-cluster://") {
+    let cluster = ["redis-cluster://", "rediss-cluster://"].into_iter().find_map(|s| Some((s, url.strip_prefix(s)?)));
+    if let Some((scheme, rest)) = cluster {
         let (hosts, query) = rest.split_once('?').map_or((rest, None), |(h, q)| (h, Some(q)));
         let (auth, hosts) = hosts.rsplit_once('@').map_or(("", hosts), |(a, h)| (a, h));
         let mut nodes = hosts.trim_end_matches('/').split(',');
         let first = nodes.next().unwrap_or_default();
-        let mut out = format!("redis-cluster://{}{}{first}", auth, if auth.is_empty() { "" } else { "@" });
+        let mut out = format!("{scheme}{}{}{first}", auth, if auth.is_empty() { "" } else { "@" });
         let extra: Vec<String> = nodes.map(|n| format!("node={n}")).chain(query.map(str::to_owned)).collect();
         if !extra.is_empty() {
             out.push('?');
@@ -26,10 +31,26 @@ fn fred_url(url: &str) -> String {
     }
 }
 
+fn tls_error(e: TlsError) -> Error {
+    Error::new(ErrorKind::Tls, format!("TLS settings: {e}"))
+}
+
+/// True for the URL schemes that connect with TLS.
+pub fn uses_tls(url: &str) -> bool {
+    url.starts_with("rediss://") || url.starts_with("rediss-cluster://")
+}
+
 /// A builder with Herald's settings: commands time out after `command_timeout`,
-/// reconnects retry forever with capped backoff.
-pub fn builder(url: &str, command_timeout: Duration) -> Result<Builder, Error> {
-    let config = Config::from_url(&fred_url(url))?;
+/// reconnects retry forever with capped backoff. A `rediss://` URL connects with TLS
+/// as `tls` says (never in plaintext); other URLs ignore `tls`.
+pub fn builder(url: &str, tls: &ClientTls, command_timeout: Duration) -> Result<Builder, Error> {
+    let mut config = Config::from_url(&fred_url(url))?;
+    if uses_tls(url) {
+        // Cluster nodes are verified under the addresses CLUSTER SLOTS gives, as
+        // `redis-cli --tls` does: their certificates must name them.
+        config.tls =
+            Some(TlsConfig { connector: tls.config().map_err(tls_error)?.into(), hostnames: TlsHostMapping::None });
+    }
     let mut b = Builder::from_config(config);
     b.with_performance_config(|p| {
         p.default_command_timeout = command_timeout;
@@ -46,10 +67,21 @@ pub fn builder(url: &str, command_timeout: Duration) -> Result<Builder, Error> {
 }
 
 /// A connected pool for ordinary (non-blocking) commands.
-pub async fn pool(url: &str, size: usize) -> Result<Pool, Error> {
-    let pool = builder(url, Duration::from_secs(3))?.build_pool(size)?;
-    pool.init().await?;
+pub async fn pool(url: &str, tls: &ClientTls, size: usize) -> Result<Pool, Error> {
+    let pool = builder(url, tls, Duration::from_secs(3))?.build_pool(size)?;
+    pool.init().await.map_err(|e| connect_error(url, e))?;
     Ok(pool)
+}
+
+/// A failed first connection, with a hint when a plaintext URL may have reached a
+/// TLS-only server (which just closes the connection) or the other way round.
+pub fn connect_error(url: &str, e: Error) -> Error {
+    let hint = if uses_tls(url) {
+        "the URL asks for TLS: does the server speak TLS on that port, and is its certificate trusted (redis.tls_ca_file) and issued for that host name?"
+    } else {
+        "the URL is plaintext: a server that requires TLS needs rediss:// (or rediss-cluster://)"
+    };
+    Error::new(e.kind().clone(), format!("{e} ({hint})"))
 }
 
 /// Checks `maxmemory-policy`: pending sets must never be evicted. In a cluster every
@@ -83,5 +115,18 @@ mod tests {
         assert_eq!(fred_url("redis-cluster://h1:1,h2:2,h3:3"), "redis-cluster://h1:1?node=h2:2&node=h3:3");
         assert_eq!(fred_url("redis-cluster://u:p@h1:1,h2:2"), "redis-cluster://u:p@h1:1?node=h2:2");
         assert_eq!(fred_url("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
+        assert_eq!(fred_url("rediss-cluster://h1:1,h2:2"), "rediss-cluster://h1:1?node=h2:2");
+    }
+
+    #[test]
+    fn tls_urls_get_a_tls_connector_and_plain_ones_none() {
+        let tls = ClientTls::default();
+        let config = |url: &str| builder(url, &tls, Duration::from_secs(1)).unwrap().get_config().unwrap().clone();
+        assert!(config("rediss://127.0.0.1:6380/0").tls.is_some());
+        assert!(config("rediss-cluster://127.0.0.1:1,127.0.0.1:2").tls.is_some());
+        assert!(config("redis://127.0.0.1:6379/0").tls.is_none());
+        let missing = ClientTls::trusting(Some("/nonexistent/ca.pem".into()));
+        let err = builder("rediss://127.0.0.1:6380", &missing, Duration::from_secs(1)).err().unwrap().to_string();
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
     }
 }

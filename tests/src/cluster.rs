@@ -77,6 +77,8 @@ pub struct Cluster {
     pub db_name: String,
     pub mysql_url: String,
     pub redis_url: String,
+    /// How the test itself reaches a `rediss://` Redis (the processes get `env`).
+    pub redis_tls: herald_shared::tls::ClientTls,
     pub prefix: String,
     pub workers: Vec<Proc>,
     pub gateways: Vec<Proc>,
@@ -100,6 +102,7 @@ impl Cluster {
             mysql_url: format!("{}/{db_name}", mysql_base()),
             db_name,
             redis_url,
+            redis_tls: Default::default(),
             prefix: format!("it{id:08x}"),
             workers: Vec::new(),
             gateways: Vec::new(),
@@ -193,7 +196,7 @@ impl Cluster {
 
     pub async fn redis(&self) -> Client {
         // Herald's own URL parsing: `redis-cluster://h1:p1,h2:p2` too.
-        let c = herald_shared::redis::builder(&self.redis_url, Duration::from_secs(5))
+        let c = herald_shared::redis::builder(&self.redis_url, &self.redis_tls, Duration::from_secs(5))
             .and_then(|b| b.build())
             .expect("redis client");
         c.init().await.expect("redis connects");
@@ -202,7 +205,7 @@ impl Cluster {
 
     /// A pool like the processes' own, for the shared helpers that take one.
     pub async fn redis_pool(&self) -> fred::clients::Pool {
-        herald_shared::redis::pool(&self.redis_url, 1).await.expect("redis pool")
+        herald_shared::redis::pool(&self.redis_url, &self.redis_tls, 1).await.expect("redis pool")
     }
 
     pub fn keys(&self) -> Keys {

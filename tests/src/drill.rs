@@ -119,6 +119,7 @@ impl Drill {
             run: format!("{name}-{:06x}", rand::random::<u32>() & 0xff_ffff),
             local_ips: Vec::new(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client"),
+            tls: herald_client::Tls::system(),
         };
         let convs: Vec<Conv> = (0..t.conversations)
             .map(|k| Conv {

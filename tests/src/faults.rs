@@ -52,11 +52,18 @@ pub struct MariaDb {
     pub port: u16,
     dir: PathBuf,
     child: Option<tokio::process::Child>,
+    /// Server options of this test (TLS files, say).
+    extra: Vec<String>,
 }
 
 impl MariaDb {
     /// Initializes a data directory (`root` without a password) and starts the server.
     pub async fn start() -> MariaDb {
+        Self::start_with(&[]).await
+    }
+
+    /// [`MariaDb::start`] with more server options (`--ssl-cert=...`).
+    pub async fn start_with(extra: &[&str]) -> MariaDb {
         let dir = std::env::temp_dir().join(format!("herald-mariadb-{:08x}", rand::random::<u32>()));
         std::fs::create_dir_all(&dir).expect("mariadb dir");
         let out = tokio::process::Command::new("mariadb-install-db")
@@ -68,7 +75,8 @@ impl MariaDb {
             .await
             .expect("mariadb-install-db is installed");
         assert!(out.status.success(), "mariadb-install-db failed: {}", String::from_utf8_lossy(&out.stderr));
-        let mut db = MariaDb { port: free_port(), dir, child: None };
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        let mut db = MariaDb { port: free_port(), dir, child: None, extra };
         db.restart().await;
         db
     }
@@ -105,6 +113,7 @@ impl MariaDb {
                 "--innodb-buffer-pool-size=64M",
                 "--max-connections=500",
             ])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)

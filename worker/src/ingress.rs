@@ -193,17 +193,21 @@ pub struct IngressShard {
 
 impl IngressShard {
     async fn run(self, cancel: CancellationToken) {
-        let block = self.shared.cfg.worker.batch_block_ms;
-        let client =
-            match herald_shared::redis::builder(&self.shared.cfg.redis_url, Duration::from_millis(block + 3_000))
-                .and_then(|b| b.build())
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot build the ingress client");
-                    return;
-                }
-            };
+        let cfg = &self.shared.cfg;
+        let block = cfg.worker.batch_block_ms;
+        let client = match herald_shared::redis::builder(
+            cfg.redis_url.as_str(),
+            &cfg.redis.tls(),
+            Duration::from_millis(block + 3_000),
+        )
+        .and_then(|b| b.build())
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the ingress client");
+                return;
+            }
+        };
         let _ = client.init().await;
         while !cancel.is_cancelled() && self.lease.is_valid() {
             match self.consume(&client, &cancel).await {

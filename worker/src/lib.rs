@@ -83,7 +83,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         cfg.worker.db_pool_size,
         Some(Duration::from_millis(cfg.mysql_statement_timeout_ms)),
     )?;
-    let redis = herald_shared::redis::pool(&cfg.redis_url, 4).await?;
+    let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let fanout = Arc::new(
         Fanout::new(

@@ -18,10 +18,11 @@ use herald_shared::protocol::{AckFrame, ClientFrame, Message, PingFrame, ServerF
 use rand::Rng;
 use tokio::sync::{mpsc, watch};
 
+use crate::tls::Tls;
 use crate::ws::{WsClient, WsEvent};
 use liveness::Liveness;
 use timeline::State;
-pub use timeline::Stored;
+pub use timeline::{Arrival, DeviceLog, Shown, Stored, Via};
 
 /// Who the device is and where it may connect.
 #[derive(Clone, Debug)]
@@ -34,6 +35,8 @@ pub struct DeviceSpec {
     pub first_gateway: usize,
     /// Local address to connect from (spreads many connections over loopback addresses).
     pub local_ip: Option<IpAddr>,
+    /// Whom to trust for `https://` gateways (the system's roots unless told).
+    pub tls: Tls,
     /// A gap still open this long after `caught_up` is filled with `sync`.
     pub gap_sync_after: Duration,
     /// Reconnect when a session ends, as an app does; `false`: one session (or one
@@ -54,52 +57,12 @@ impl DeviceSpec {
             gateways,
             first_gateway: 0,
             local_ip: None,
+            tls: Tls::system(),
             gap_sync_after: Duration::from_secs(5),
             reconnect: true,
             resume: Stored::default(),
         }
     }
-}
-
-/// How a message reached the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Via {
-    /// Pushed while the device was caught up.
-    Realtime,
-    /// Pushed before this session's `caught_up`.
-    Backlog,
-    /// Pulled with `sync` to fill a gap.
-    Sync,
-}
-
-/// One `msg` as it arrived (repeats included), or one item of a `history` answer.
-#[derive(Clone, Debug)]
-pub struct Arrival {
-    pub id: u64,
-    pub conv: String,
-    pub seq: u64,
-    pub via: Via,
-}
-
-/// A message put on screen: each conversation's timeline in display order.
-#[derive(Clone, Debug)]
-pub struct Shown {
-    pub id: u64,
-    pub conv: String,
-    pub seq: u64,
-}
-
-/// Everything a device saw, returned by [`Device::stop`].
-#[derive(Debug, Default)]
-pub struct DeviceLog {
-    pub arrivals: Vec<Arrival>,
-    pub shown: Vec<Shown>,
-    /// Per session: time from the upgrade to `caught_up`.
-    pub catch_ups: Vec<Duration>,
-    pub sessions: u32,
-    /// What the device would keep across a restart, for the next instance's
-    /// [`DeviceSpec::resume`].
-    pub stored: Stored,
 }
 
 /// Live callbacks, for counters and latency histograms while a run goes on.
@@ -208,8 +171,8 @@ async fn run(
         let _ = status.send(Status::Connecting);
         let base = &spec.gateways[gw % spec.gateways.len()];
         let started = Instant::now();
-        let connected =
-            tokio::time::timeout(Duration::from_secs(10), WsClient::connect_from(base, &spec.token, spec.local_ip));
+        let session = WsClient::connect_with(base, &spec.token, spec.local_ip, &spec.tls);
+        let connected = tokio::time::timeout(Duration::from_secs(10), session);
         let retry = |gw: &mut usize, backoff: &mut Duration| {
             *gw += 1;
             let wait = jitter(*backoff);

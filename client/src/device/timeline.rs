@@ -1,10 +1,50 @@
 //! What a device shows: each conversation's timeline in `seq` order, repeats dropped by
-//! `id`, what arrives above a gap held until the gap is filled.
+//! `id`, what arrives above a gap held until the gap is filled; and the records of what
+//! it saw ([`DeviceLog`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::{Arrival, DeviceLog, Shown, Via};
+/// How a message reached the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Pushed while the device was caught up.
+    Realtime,
+    /// Pushed before this session's `caught_up`.
+    Backlog,
+    /// Pulled with `sync` to fill a gap.
+    Sync,
+}
+
+/// One `msg` as it arrived (repeats included), or one item of a `history` answer.
+#[derive(Clone, Debug)]
+pub struct Arrival {
+    pub id: u64,
+    pub conv: String,
+    pub seq: u64,
+    pub via: Via,
+}
+
+/// A message put on screen: each conversation's timeline in display order.
+#[derive(Clone, Debug)]
+pub struct Shown {
+    pub id: u64,
+    pub conv: String,
+    pub seq: u64,
+}
+
+/// Everything a device saw, returned by [`Device::stop`].
+#[derive(Debug, Default)]
+pub struct DeviceLog {
+    pub arrivals: Vec<Arrival>,
+    pub shown: Vec<Shown>,
+    /// Per session: time from the upgrade to `caught_up`.
+    pub catch_ups: Vec<Duration>,
+    pub sessions: u32,
+    /// What the device would keep across a restart, for the next instance's
+    /// [`DeviceSpec::resume`](super::DeviceSpec::resume).
+    pub stored: Stored,
+}
 
 /// One conversation's display state.
 #[derive(Default)]

@@ -100,7 +100,7 @@ struct Fixture {
 
 async fn fixture(device: &str) -> Fixture {
     let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-    let pool = herald_shared::redis::pool(&url, 1).await.expect("the test Redis");
+    let pool = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
     let redis = pool.next().clone();
     let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
     let mut cfg = Config::defaults(Role::Gateway);

@@ -95,7 +95,7 @@ impl CpuMeter {
         }
         let redis = match &measure.redis_url {
             Some(url) => {
-                let c = herald_shared::redis::builder(url, Duration::from_secs(5))?.build()?;
+                let c = herald_shared::redis::builder(url, &Default::default(), Duration::from_secs(5))?.build()?;
                 c.init().await.with_context(|| format!("connecting to Redis at {url}"))?;
                 Some(c)
             }

@@ -1,7 +1,10 @@
 //! `[gateway]`: the client-facing process: sends, sessions, backlog, limits.
 
+use std::path::{Path, PathBuf};
+
 use super::table::{section, GATEWAY};
 use super::Problems;
+use crate::tls;
 
 section! {
     /// `[gateway]`: what the gateway needs to serve clients.
@@ -91,11 +94,44 @@ section! {
         /// A page ends before it would pass this (it always holds at least one message);
         /// `more` tells the client to ask for the rest.
         pub history_page_bytes: usize = "524288",
+        /// PEM certificate chain of the public listener; with `gateway.tls_key_file`, it serves `https://` and `wss://` only.
+        ///
+        /// For deployments without an ingress or load balancer that terminates TLS. The
+        /// handshake counts against `gateway.handshake_timeout_ms`.
+        pub tls_cert_file: String = "",
+        /// PEM private key of `gateway.tls_cert_file`.
+        pub tls_key_file: String = "",
     }
 }
 
 impl GatewayConfig {
+    /// The listener's certificate and key files, when TLS is on.
+    pub fn tls_files(&self) -> Option<(PathBuf, PathBuf)> {
+        let path = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
+        path(&self.tls_cert_file).zip(path(&self.tls_key_file))
+    }
+
+    /// Both files or neither, each readable, the key the certificate's.
+    fn validate_tls(&self, bad: &mut Problems) {
+        match (self.tls_cert_file.is_empty(), self.tls_key_file.is_empty()) {
+            (true, true) => {}
+            (false, true) => bad.push("gateway.tls_key_file", "required with gateway.tls_cert_file"),
+            (true, false) => bad.push("gateway.tls_cert_file", "required with gateway.tls_key_file"),
+            (false, false) => {
+                let (cert, key) = (Path::new(&self.tls_cert_file), Path::new(&self.tls_key_file));
+                let cert_ok = tls::certificates(cert).map_err(|e| bad.push("gateway.tls_cert_file", &e.to_string()));
+                let key_ok = tls::private_key(key).map_err(|e| bad.push("gateway.tls_key_file", &e.to_string()));
+                if cert_ok.is_ok() && key_ok.is_ok() {
+                    if let Err(e) = tls::server_config(cert, key) {
+                        bad.push("gateway.tls_key_file", &format!("does not fit gateway.tls_cert_file: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
     pub(super) fn validate(&self, bad: &mut Problems) {
+        self.validate_tls(bad);
         if self.send_timeout_ms == 0 {
             bad.push("gateway.send_timeout_ms", "must be positive");
         }
@@ -198,6 +234,22 @@ mod tests {
         let (cfg, _) = load(Role::Gateway, &[], &env(&[SECRET])).unwrap();
         assert_eq!(cfg.gateway.handshake_timeout_ms, 10_000);
         assert_eq!(cfg.gateway.max_connections_per_user, 32);
+    }
+
+    #[test]
+    fn listener_tls_needs_both_files_readable() {
+        let e = env(&[SECRET, ("HERALD_GATEWAY__TLS_CERT_FILE", "/nonexistent/gateway.pem")]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        assert!(err.contains("gateway.tls_key_file: required with gateway.tls_cert_file"), "{err}");
+        let e = env(&[
+            SECRET,
+            ("HERALD_GATEWAY__TLS_CERT_FILE", "/nonexistent/gateway.pem"),
+            ("HERALD_GATEWAY__TLS_KEY_FILE", "/nonexistent/gateway-key.pem"),
+        ]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        assert!(err.contains("gateway.tls_cert_file: cannot read /nonexistent/gateway.pem"), "{err}");
+        assert!(err.contains("gateway.tls_key_file: cannot read /nonexistent/gateway-key.pem"), "{err}");
+        assert_eq!(load(Role::Gateway, &[], &env(&[SECRET])).unwrap().0.gateway.tls_files(), None);
     }
 
     #[test]

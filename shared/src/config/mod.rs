@@ -15,7 +15,7 @@
 //!   [`Config`] that holds every section.
 //! - `table`: the key table behind the loader and the documentation ([`keys`],
 //!   [`markdown_table`]).
-//! - `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each
+//! - `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each
 //!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
 //! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
 
@@ -30,6 +30,7 @@ mod gateway;
 mod ingress;
 mod load;
 mod outbox;
+mod redis;
 mod table;
 mod worker;
 
@@ -39,6 +40,7 @@ pub use gateway::GatewayConfig;
 pub use ingress::IngressConfig;
 pub use load::{load, Env, ProcessEnv};
 pub use outbox::OutboxConfig;
+pub use redis::RedisConfig;
 pub use table::{env_name, keys, lookup, markdown_table, Alias, DefaultText, Key, Lookup, ALIASES};
 pub use worker::WorkerConfig;
 
@@ -88,6 +90,8 @@ pub struct Config {
     pub node_id: String,
     /// A tracing filter, as in `RUST_LOG` (which wins when set).
     pub log: String,
+    /// TLS of Redis connections.
+    pub redis: RedisConfig,
     pub ingress: IngressConfig,
     pub gateway: GatewayConfig,
     pub worker: WorkerConfig,
@@ -98,12 +102,17 @@ pub struct Config {
 
 /// The process-wide keys, outside any section.
 const ROOT_KEYS: &[Key] = &[
-    Key::new("mysql_url", "mysql://root@127.0.0.1:3306/herald", BOTH, "MySQL or MariaDB URL."),
+    Key::new(
+        "mysql_url",
+        "mysql://root@127.0.0.1:3306/herald",
+        BOTH,
+        "MySQL or MariaDB URL; TLS with its `ssl-mode` and `ssl-ca` parameters (docs/operations.md).",
+    ),
     Key::new(
         "redis_url",
         "redis://127.0.0.1:6379/0",
         BOTH,
-        "Redis URL; `redis-cluster://h1:p1,h2:p2` for a Redis Cluster.",
+        "Redis URL; `redis-cluster://h1:p1,h2:p2` for a Redis Cluster; `rediss://`, `rediss-cluster://` with TLS.",
     ),
     Key::new(
         "mysql_statement_timeout_ms",
@@ -151,6 +160,7 @@ impl Config {
             admin_token: root_default("admin_token"),
             node_id: format!("{kind}-{:08x}", rand::random::<u32>()),
             log: root_default("log"),
+            redis: RedisConfig::default(),
             ingress: IngressConfig::default(),
             gateway: GatewayConfig::default(),
             worker: WorkerConfig::default(),
@@ -166,6 +176,7 @@ impl Config {
         }
         match key.split_once('.') {
             None => self.set_root(key, v),
+            Some(("redis", name)) => self.redis.set(name, v),
             Some(("ingress", name)) => self.ingress.set(name, v),
             Some(("gateway", name)) => self.gateway.set(name, v),
             Some(("worker", name)) => self.worker.set(name, v),
@@ -201,8 +212,12 @@ impl Config {
         if !self.mysql_url.starts_with("mysql://") && !self.mysql_url.starts_with("mariadb://") {
             bad.push("mysql_url", "must start with mysql://");
         }
-        if !["redis://", "rediss://", "redis-cluster://"].iter().any(|s| self.redis_url.starts_with(s)) {
-            bad.push("redis_url", "must start with redis:// or redis-cluster://");
+        for problem in crate::db::tls_file_problems(&self.mysql_url) {
+            bad.push("mysql_url", &problem);
+        }
+        let schemes = ["redis://", "rediss://", "redis-cluster://", "rediss-cluster://"];
+        if !schemes.iter().any(|s| self.redis_url.starts_with(s)) {
+            bad.push("redis_url", "must start with redis://, rediss://, redis-cluster:// or rediss-cluster://");
         }
         if !(100..=3_600_000).contains(&self.mysql_statement_timeout_ms) {
             bad.push("mysql_statement_timeout_ms", "must be 100..=3600000");
@@ -213,6 +228,7 @@ impl Config {
         if !crate::auth::is_valid_ident(&self.node_id) || self.node_id.contains(['{', '}', '|']) {
             bad.push("node_id", "must be 1..64 printable ASCII characters without braces or `|`");
         }
+        self.redis.validate(&self.redis_url, &mut bad);
         self.ingress.validate(&mut bad);
         self.gateway.validate(&mut bad);
         self.worker.validate(&mut bad);
