@@ -4,7 +4,8 @@
 //! # Layout (lower modules never import higher ones; docs/architecture.md)
 //! - [`tls`]: the listener's optional TLS.
 //! - Leaves: [`error`] (the API error), [`limits`] (rate and connection limits),
-//!   [`listener`] (the public listener), [`waiters`] (requests awaiting answers),
+//!   [`listener`] (the public listener), [`client_ip`] (the client behind trusted
+//!   proxies), [`waiters`] (requests awaiting answers),
 //!   [`epoch`] (the Redis epoch), [`sessions`] (the directory of sessions here),
 //!   [`acks`] (acks left over by ended sessions, retried).
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
@@ -16,6 +17,7 @@
 
 pub mod acks;
 pub mod api;
+pub mod client_ip;
 pub mod devices;
 pub mod epoch;
 pub mod error;

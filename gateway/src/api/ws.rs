@@ -12,6 +12,7 @@ use axum::response::Response;
 use herald_shared::auth::verify;
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{CloseCode, ErrorFrame, ServerFrame};
+use tracing::Instrument;
 
 use crate::api::auth::token_of;
 use crate::limits::ConnectionRefused;
@@ -61,7 +62,8 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
         let f = ErrorFrame::new(ErrorCode::RateLimited, "too many connections; retry later").retry_after(retry);
         return refuse(ws, tracker, f, CloseCode::TryAgainLater, "retry later");
     }
-    let ip = crate::listener::peer_of(&parts).map(|a| a.ip());
+    let peer = crate::listener::peer_of(&parts).map(|a| a.ip());
+    let ip = crate::client_ip::client_ip(&g.trusted_proxies, peer, &parts.headers);
     let permit = match state.limits.connections.admit(ip, &claims.tid, &claims.sub, &claims.dev) {
         Ok(p) => p,
         Err(which) => {
@@ -70,6 +72,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
                 ConnectionRefused::Ip => ("connections_ip", "too many connections from this address"),
             };
             metrics::counter!("herald_rate_limited_total", "what" => what).increment(1);
+            tracing::debug!(ip = ?ip, tenant = %claims.tid, user = %claims.sub, "{message}");
             // Nothing frees up by itself: a long, jittered hint.
             let retry = crate::limits::jittered(Duration::from_secs(5)).as_millis() as u64;
             let f = ErrorFrame::new(ErrorCode::RateLimited, message).retry_after(retry);
@@ -80,12 +83,17 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
         return ws
             .on_upgrade(move |socket| tracker.track_future(close_now(socket, CloseCode::InternalError, e.message)));
     }
+    // The client's address in every line the session logs.
+    let span = tracing::debug_span!("client", ip = ?ip);
     ws.on_upgrade(move |socket| {
-        tracker.track_future(async move {
-            // The slot is held for the whole session and given back when it ends.
-            let _permit = permit;
-            Session::run(state.sessions.clone(), claims, socket).await
-        })
+        tracker.track_future(
+            async move {
+                // The slot is held for the whole session and given back when it ends.
+                let _permit = permit;
+                Session::run(state.sessions.clone(), claims, socket).await
+            }
+            .instrument(span),
+        )
     })
 }
 

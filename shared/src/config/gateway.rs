@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::table::{section, GATEWAY};
-use super::Problems;
+use super::{Cidr, Problems};
 use crate::tls;
 
 section! {
@@ -71,8 +71,17 @@ section! {
         /// An abuse limit (docs/reliability.md, "Abuse limits"), like the four below: a new
         /// session of a device that is already connected replaces it and is not refused.
         pub max_connections_per_user: usize = "32",
-        /// WebSocket sessions from one IP address (the socket peer) on this node.
+        /// WebSocket sessions from one client IP address on this node.
+        ///
+        /// The client's address is the socket peer, or its `X-Forwarded-For` when the
+        /// peer is one of `gateway.trusted_proxies`.
         pub max_connections_per_ip: usize = "1000",
+        /// Proxies (ingress, load balancers) whose `X-Forwarded-For` names the client, as CIDRs.
+        ///
+        /// A comma-separated list (a TOML array), such as `10.0.0.0/8,fd00::/8`; empty,
+        /// the header is ignored and every client is its socket peer. The client is the
+        /// right-most forwarded address that is not itself trusted.
+        pub trusted_proxies: Vec<Cidr> = "",
         /// Time a client has to finish each HTTP request head, the WebSocket upgrade included.
         ///
         /// Counted from when the connection opened or went idle; past it the connection is closed.
@@ -250,6 +259,17 @@ mod tests {
         assert!(err.contains("gateway.tls_cert_file: cannot read /nonexistent/gateway.pem"), "{err}");
         assert!(err.contains("gateway.tls_key_file: cannot read /nonexistent/gateway-key.pem"), "{err}");
         assert_eq!(load(Role::Gateway, &[], &env(&[SECRET])).unwrap().0.gateway.tls_files(), None);
+    }
+
+    #[test]
+    fn trusted_proxies_are_networks_and_a_bad_one_is_named() {
+        let e = env(&[SECRET, ("HERALD_GATEWAY__TRUSTED_PROXIES", "10.0.0.0/8, 10.1.2.3/16")]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        assert!(err.contains("gateway.trusted_proxies") && err.contains("10.1.2.3/16"), "{err}");
+        let e = env(&[SECRET, ("HERALD_GATEWAY__TRUSTED_PROXIES", "10.0.0.0/8,fd00::/8")]);
+        let cfg = load(Role::Gateway, &[], &e).unwrap().0;
+        assert_eq!(format!("{:?}", cfg.gateway.trusted_proxies), "[10.0.0.0/8, fd00::/8]");
+        assert!(super::GatewayConfig::default().trusted_proxies.is_empty());
     }
 
     #[test]

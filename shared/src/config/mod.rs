@@ -17,11 +17,13 @@
 //!   [`markdown_table`]).
 //! - `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each
 //!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
+//! - `cidr`: IP networks ([`Cidr`]), for `gateway.trusted_proxies`.
 //! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
 
 use std::fmt;
 use std::net::SocketAddr;
 
+mod cidr;
 pub mod cli;
 mod delivery;
 #[cfg(test)]
@@ -34,6 +36,7 @@ mod redis;
 mod table;
 mod worker;
 
+pub use cidr::Cidr;
 pub use cli::{Cli, Deprecated};
 pub use delivery::DeliveryConfig;
 pub use gateway::GatewayConfig;
