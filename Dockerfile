@@ -18,7 +18,8 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin herald
 USER 10001
-ENV RUST_LOG=info
+# No RUST_LOG here: it wins over the `log` key, so it would override the level that the
+# chart (HERALD_LOG) or an operator sets. The `log` key defaults to `info`.
 
 FROM runtime AS gateway
 COPY --from=build /out/herald-gateway /usr/local/bin/

@@ -29,7 +29,7 @@ async fn main() -> ExitCode {
         eprintln!("herald-gateway takes no command, got {extra:?} (see herald-gateway --help)");
         return ExitCode::from(2);
     }
-    herald_shared::telemetry::init_tracing(&cfg.log);
+    herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
     for var in &cli.ignored_env {
         tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
     }

@@ -3,10 +3,40 @@
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-/// Logs to stderr; `RUST_LOG` wins over the configured filter.
-pub fn init_tracing(default_filter: &str) {
+/// How log lines are written (`log_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One readable line per event, for people.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors: `timestamp`, `level`, `target`,
+    /// `message` and the event's fields at the top level, the innermost span's fields
+    /// under `span`.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("expected text or json, got {s:?}")),
+        }
+    }
+}
+
+/// Logs to stderr in `format`; `RUST_LOG` wins over the configured filter.
+pub fn init_tracing(default_filter: &str, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        // The span list would repeat the session's fields on every line; the innermost
+        // span (with its parents' fields recorded on it) is enough.
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).try_init(),
+    };
 }
 
 /// Installs the global metrics recorder; the handle renders `/metrics`.
@@ -57,5 +87,17 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogFormat;
+
+    #[test]
+    fn log_formats_parse_and_others_are_refused() {
+        assert_eq!("json".parse(), Ok(LogFormat::Json));
+        assert_eq!(" text".parse(), Ok(LogFormat::Text));
+        assert!("JSON-lines".parse::<LogFormat>().unwrap_err().contains("text or json"));
     }
 }

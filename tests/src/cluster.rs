@@ -344,6 +344,10 @@ fn strip_ansi(line: &str) -> String {
 
 /// The address in a `name=addr` field of a tracing line.
 fn field_addr(line: &str, name: &str) -> Option<SocketAddr> {
+    // `log_format = json`: the fields are members of the line's object.
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(line) {
+        return fields.get(name)?.as_str()?.parse().ok();
+    }
     line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
 }
 
@@ -385,5 +389,7 @@ mod tests {
         let plain = "2026-11-30T20:38:45Z  INFO herald_worker: worker started node=wk-1 admin=127.0.0.1:20390";
         assert_eq!(field_addr(plain, "admin"), Some("127.0.0.1:20390".parse().unwrap()));
         assert_eq!(field_addr(plain, "listen"), None);
+        let json = r#"{"level":"INFO","message":"gateway started","listen":"127.0.0.1:8080","admin":"127.0.0.1:9090"}"#;
+        assert_eq!(field_addr(json, "listen"), Some("127.0.0.1:8080".parse().unwrap()));
     }
 }

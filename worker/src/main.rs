@@ -35,7 +35,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    herald_shared::telemetry::init_tracing(&cfg.log);
+    herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
     for var in &cli.ignored_env {
         tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
     }

@@ -72,7 +72,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
                 ConnectionRefused::Ip => ("connections_ip", "too many connections from this address"),
             };
             metrics::counter!("herald_rate_limited_total", "what" => what).increment(1);
-            tracing::debug!(ip = ?ip, tenant = %claims.tid, user = %claims.sub, "{message}");
+            tracing::debug!(ip = ip.map(tracing::field::display), tenant = %claims.tid, user = %claims.sub, "{message}");
             // Nothing frees up by itself: a long, jittered hint.
             let retry = crate::limits::jittered(Duration::from_secs(5)).as_millis() as u64;
             let f = ErrorFrame::new(ErrorCode::RateLimited, message).retry_after(retry);
@@ -84,7 +84,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
             .on_upgrade(move |socket| tracker.track_future(close_now(socket, CloseCode::InternalError, e.message)));
     }
     // The client's address in every line the session logs.
-    let span = tracing::debug_span!("client", ip = ?ip);
+    let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
     ws.on_upgrade(move |socket| {
         tracker.track_future(
             async move {

@@ -49,6 +49,8 @@ pub use worker::WorkerConfig;
 
 use table::{parse, BOTH, GATEWAY, WORKER};
 
+use crate::telemetry::LogFormat;
+
 /// Which process the configuration is for; some defaults differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -93,6 +95,8 @@ pub struct Config {
     pub node_id: String,
     /// A tracing filter, as in `RUST_LOG` (which wins when set).
     pub log: String,
+    /// How log lines are written: text or JSON.
+    pub log_format: LogFormat,
     /// TLS of Redis connections.
     pub redis: RedisConfig,
     pub ingress: IngressConfig,
@@ -135,6 +139,12 @@ const ROOT_KEYS: &[Key] = &[
     Key::new("admin_token", "", WORKER, "Bearer token of the admin API; empty, the admin API refuses everything."),
     Key::described("node_id", "generated", BOTH, "This process's name in logs, leases and Redis."),
     Key::new("log", "info", BOTH, "A tracing filter, as in `RUST_LOG` (which wins when set)."),
+    Key::new(
+        "log_format",
+        "text",
+        BOTH,
+        "Log lines: `text` for people, or `json` (one object per line) for log collectors.",
+    ),
 ];
 
 /// The documented default of a process-wide key.
@@ -163,6 +173,7 @@ impl Config {
             admin_token: root_default("admin_token"),
             node_id: format!("{kind}-{:08x}", rand::random::<u32>()),
             log: root_default("log"),
+            log_format: root_default("log_format"),
             redis: RedisConfig::default(),
             ingress: IngressConfig::default(),
             gateway: GatewayConfig::default(),
@@ -201,6 +212,7 @@ impl Config {
             "admin_token" => self.admin_token = parse(v)?,
             "node_id" => self.node_id = parse(v)?,
             "log" => self.log = parse(v)?,
+            "log_format" => self.log_format = parse(v)?,
             _ => return Err(SetError::UnknownKey),
         }
         Ok(())

@@ -198,6 +198,12 @@ impl Setting for SocketAddr {
     }
 }
 
+impl Setting for crate::telemetry::LogFormat {
+    fn parse(v: &str) -> Result<Self, String> {
+        v.parse()
+    }
+}
+
 /// A comma-separated list (a TOML array is flattened to one).
 impl Setting for Vec<u64> {
     fn parse(v: &str) -> Result<Self, String> {
