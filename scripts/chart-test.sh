@@ -8,7 +8,7 @@
 # - every pod spec and container carries the Pod Security "restricted" fields;
 # - the chart README's values table is the one generated from values.yaml;
 # - the dashboard's queries use the namespace/job/pod variables, one unit per panel,
-#   $__rate_interval, and only metrics the code exports; likewise the alerts, whose
+#   $__rate_interval, and only metrics of the metric catalog; likewise the alerts, whose
 #   runbook links name sections of docs/operations.md;
 # - promtool test rules: every alert on synthetic series, blind spots included.
 # helm (v4) comes from the npm package that ships it, kubernetes-validate from PyPI,

@@ -14,6 +14,7 @@ import sys
 
 LAYERS = {
     "shared": [
+        ["metric_catalog"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
         ["redis", "db", "auth"],
         ["keys", "config"],

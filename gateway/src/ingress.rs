@@ -96,29 +96,44 @@ impl Ingress {
         Ok(waiter)
     }
 
-    /// Appends and waits for the committed answer.
+    /// Appends and waits for the committed answer (`POST /v1/messages`).
     pub async fn send(&self, c: &Claims, cmid: String, conv: String, body: String) -> ApiResult<SendResult> {
         let waiter = self.enqueue_send(c, cmid, conv, body).await?;
-        self.committed(waiter).await
+        self.committed(waiter, "http").await
     }
 
-    /// Waits for the worker's answer to a send, which comes only after COMMIT.
-    pub async fn committed(&self, waiter: Waiter) -> ApiResult<SendResult> {
-        match self.outcome(waiter).await? {
+    /// Waits for the worker's answer to a send, which comes only after COMMIT; one not
+    /// confirmed in time is counted under its `transport` (`http`, `ws`).
+    pub async fn committed(&self, waiter: Waiter, transport: &'static str) -> ApiResult<SendResult> {
+        let Some(answer) = self.answer(waiter).await else {
+            metrics::counter!("herald_send_timeouts_total", "transport" => transport).increment(1);
+            return Err(not_confirmed());
+        };
+        match answer? {
             SendOutcome::Ok(r) => Ok(r),
             _ => Err(ApiError::new(ErrorCode::Internal, "unexpected answer")),
         }
     }
 
-    /// Waits for the worker's answer to any ingress request.
-    pub async fn outcome(&self, mut waiter: Waiter) -> ApiResult<SendOutcome> {
+    /// Waits for the worker's answer to a read position.
+    pub async fn outcome(&self, waiter: Waiter) -> ApiResult<SendOutcome> {
+        let Some(answer) = self.answer(waiter).await else {
+            metrics::counter!("herald_read_timeouts_total").increment(1);
+            return Err(not_confirmed());
+        };
+        answer
+    }
+
+    /// The worker's answer; `None` when none came within the send timeout.
+    async fn answer(&self, mut waiter: Waiter) -> Option<ApiResult<SendOutcome>> {
         match tokio::time::timeout(self.send_timeout, &mut waiter.rx).await {
-            Ok(Ok(SendOutcome::Err { code, message })) => Err(ApiError::new(code, message)),
-            Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(_)) | Err(_) => {
-                metrics::counter!("herald_send_timeouts_total").increment(1);
-                Err(ApiError::new(ErrorCode::Unavailable, "not confirmed in time; retry (sends with the same cmid)"))
-            }
+            Ok(Ok(SendOutcome::Err { code, message })) => Some(Err(ApiError::new(code, message))),
+            Ok(Ok(outcome)) => Some(Ok(outcome)),
+            Ok(Err(_)) | Err(_) => None,
         }
     }
+}
+
+fn not_confirmed() -> ApiError {
+    ApiError::new(ErrorCode::Unavailable, "not confirmed in time; retry (sends with the same cmid)")
 }

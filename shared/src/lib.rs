@@ -14,7 +14,8 @@
 //! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
 //! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
 //!   [`process_metrics`]: CPU, memory and descriptors of the process.
-//! - [`telemetry`]: tracing and metrics setup.
+//! - [`telemetry`]: tracing and metrics setup; [`metric_catalog`]: every metric with
+//!   its help text.
 
 pub mod auth;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod device_state;
 pub mod error;
 pub mod ids;
 pub mod keys;
+pub mod metric_catalog;
 pub mod ops;
 pub mod process;
 pub mod process_metrics;

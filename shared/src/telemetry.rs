@@ -54,7 +54,10 @@ pub fn init_metrics() -> PrometheusHandle {
         .build_recorder();
     let handle = recorder.handle();
     // A second install (tests start several servers in one process) keeps the first.
-    if metrics::set_global_recorder(recorder).is_ok() {
+    let installed = metrics::set_global_recorder(recorder).is_ok();
+    crate::metric_catalog::describe_all();
+    crate::metric_catalog::record_build_info();
+    if installed {
         // Histograms keep every sample until they are folded into their buckets, which
         // a scrape does; without this a process nobody scrapes grows with its traffic.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

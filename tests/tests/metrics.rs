@@ -58,7 +58,32 @@ async fn metrics_show_the_traffic() {
     for forbidden in ["alice", "bob", "\"ab\""] {
         assert!(!wk.contains(forbidden) && !text.contains(forbidden), "no user or conversation ids in labels");
     }
+    assert_eq!(value(&text, "herald_sends_received_total{transport=\"http\"}"), 20.0, "{text}");
+    let reported = value(&wk, "herald_ingress_report_timestamp_seconds");
+    let now = herald_shared::ids::now_ms() as f64 / 1000.0;
+    assert!((now - 60.0..=now + 1.0).contains(&reported), "the ingress report is recent: {reported} at {now}");
     bob.stop().await;
+    let text = eventually(Duration::from_secs(10), "the gateway counted bob's session as closed", || {
+        let gw = gw.clone();
+        async move {
+            let t = reqwest::get(&gw).await.ok()?.text().await.ok()?;
+            (value(&t, "herald_sessions_closed_total{reason=\"client_gone\"}") == 1.0).then_some(t)
+        }
+    })
+    .await;
+    for (process, text) in [("gateway", &text), ("worker", &wk)] {
+        let version = format!("herald_build_info{{version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        assert!(text.lines().any(|l| l.starts_with(&version) && l.ends_with(" 1")), "{process}: {text}");
+        assert_eq!(undescribed(text), Vec::<String>::new(), "{process}: metrics without # HELP");
+    }
+}
+
+/// The metric families of a scrape that have no `# HELP` line.
+fn undescribed(text: &str) -> Vec<String> {
+    let families: std::collections::BTreeSet<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+    assert!(families.len() > 10, "{text}");
+    families.into_iter().filter(|f| !text.contains(&format!("# HELP {f} "))).map(str::to_string).collect()
 }
 
 /// The admin trace follows one message through committed, fanned out, pending, acked;

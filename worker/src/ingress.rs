@@ -100,6 +100,8 @@ impl ShardBalancer {
             metrics::gauge!("herald_ingress_stream_length", "shard" => shard.to_string()).set(len as f64);
             metrics::gauge!("herald_ingress_oldest_age_seconds", "shard" => shard.to_string()).set(age);
         }
+        // Those gauges keep their last values if this stops: their age tells.
+        metrics::gauge!("herald_ingress_report_timestamp_seconds").set(now as f64 / 1000.0);
         Ok(())
     }
 

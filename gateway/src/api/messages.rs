@@ -48,6 +48,7 @@ pub async fn read(
 
 pub async fn send(State(state): State<AppState>, Caller(c): Caller, body: Bytes) -> ApiResult<Json<SendResult>> {
     let started = std::time::Instant::now();
+    metrics::counter!("herald_sends_received_total", "transport" => "http").increment(1);
     let req: SendRequest = parse_json(&body)?;
     state.ingress.validate_send(&req.cmid, &req.conv, &req.body)?;
     if let Err(wait) = state.limits.http_send(&DeviceKey::of(&c)) {

@@ -202,6 +202,11 @@ where
                 End::Close(CloseCode::InternalError, "dependency unavailable")
             }
         };
+        let why = match &end {
+            End::Close(code, _) => code.name(),
+            End::Gone => "client_gone",
+        };
+        metrics::counter!("herald_sessions_closed_total", "reason" => why).increment(1);
         if let End::Close(code, reason) = end {
             let close = Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }));
             // Bounded: a stalled peer does not get the write deadline again.

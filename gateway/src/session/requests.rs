@@ -71,6 +71,7 @@ where
     }
 
     pub(super) async fn on_send(&mut self, s: SendFrame) -> Flow {
+        metrics::counter!("herald_sends_received_total", "transport" => "ws").increment(1);
         let ingress = self.env.ingress.clone();
         if let Err(e) = ingress.validate_send(&s.cmid, &s.conv, &s.body) {
             self.send_frame(error_of(e, Some(s.cmid))).await;
@@ -95,7 +96,7 @@ where
             }
             Ok(waiter) => {
                 self.requests.spawn(async move {
-                    let frame = match ingress.committed(waiter).await {
+                    let frame = match ingress.committed(waiter, "ws").await {
                         Ok(r) => Sent::new(s.cmid, &r).into(),
                         Err(e) => error_of(e, Some(s.cmid)),
                     };

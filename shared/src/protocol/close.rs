@@ -48,6 +48,20 @@ impl CloseCode {
         }
     }
 
+    /// The code's name in metrics (`herald_sessions_closed_total{reason}`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CloseCode::HeartbeatTimeout => "heartbeat_timeout",
+            CloseCode::Unauthorized => "unauthorized",
+            CloseCode::Replaced => "replaced",
+            CloseCode::Draining => "draining",
+            CloseCode::Policy => "policy",
+            CloseCode::Protocol => "protocol",
+            CloseCode::InternalError => "internal_error",
+            CloseCode::TryAgainLater => "try_again_later",
+        }
+    }
+
     pub fn from_code(code: u16) -> Option<CloseCode> {
         CloseCode::ALL.into_iter().find(|c| c.code() == code)
     }
