@@ -63,6 +63,8 @@ pub enum GatewayError {
     Redis(#[from] fred::error::Error),
     #[error("redis maxmemory-policy is {0:?}; pending sets must never be evicted. Set it to noeviction, or gateway.require_noeviction = false")]
     Eviction(String),
+    #[error("cannot read Redis maxmemory-policy: CONFIG GET was refused ({0}). Managed Redis services often refuse CONFIG. If this Redis never evicts keys (maxmemory-policy noeviction), turn the check off: gateway.require_noeviction = false (HERALD_GATEWAY__REQUIRE_NOEVICTION=false; chart: redis.requireNoeviction=false)")]
+    EvictionUnknown(fred::error::Error),
     #[error("gateway TLS: {0}")]
     Tls(#[from] herald_shared::tls::TlsError),
     #[error("cannot bind {addr}: {source}")]
@@ -75,9 +77,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let cfg = Arc::new(cfg);
     let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size, Some(statement_timeout(&cfg)))?;
     let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
-    let policy = herald_shared::redis::eviction_policy(redis.next()).await?;
-    if cfg.gateway.require_noeviction && policy != "noeviction" {
-        return Err(GatewayError::Eviction(policy));
+    // Only with the check on: where CONFIG is refused (managed Redis) the check is
+    // turned off, and nothing else needs CONFIG.
+    if cfg.gateway.require_noeviction {
+        let policy =
+            herald_shared::redis::eviction_policy(redis.next()).await.map_err(GatewayError::EvictionUnknown)?;
+        if policy != "noeviction" {
+            return Err(GatewayError::Eviction(policy));
+        }
     }
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let waiters = Arc::new(SendWaiters::default());
@@ -163,7 +170,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.spawn_supervised("ack_retrier", Criticality::Background, move |c| ack_retrier.clone().run(c));
     let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone() };
     process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
-    let health = Health { redis: redis.clone(), db, keys, epoch, limits, ready: process.readiness().clone() };
+    let check_policy = g.require_noeviction;
+    let health =
+        Health { redis: redis.clone(), db, keys, epoch, limits, check_policy, ready: process.readiness().clone() };
     process.spawn_supervised("health", Criticality::Critical, move |c| health.clone().run(c));
     process.serve_admin(admin, herald_shared::ops::router(metrics, process.readiness().clone()));
     let listener_cancel = process.cancel().child_token();
@@ -201,6 +210,8 @@ struct Health {
     keys: Keys,
     epoch: EpochWatch,
     limits: Arc<limits::NodeLimits>,
+    /// `gateway.require_noeviction`: off, the policy is not read (CONFIG may be refused).
+    check_policy: bool,
     ready: Readiness,
 }
 
@@ -208,7 +219,7 @@ impl Health {
     async fn run(self, cancel: CancellationToken) {
         let mut rounds: u64 = 0;
         loop {
-            if rounds.is_multiple_of(60) {
+            if self.check_policy && rounds.is_multiple_of(60) {
                 // Someone may reconfigure Redis after we started: keep checking.
                 if let Ok(policy) = herald_shared::redis::eviction_policy(self.redis.next()).await {
                     metrics::gauge!("herald_redis_noeviction").set(if policy == "noeviction" { 1.0 } else { 0.0 });

@@ -54,6 +54,11 @@ impl RedisServer {
         Self::start_with(&["--replicaof", "127.0.0.1", &port.to_string()]).await
     }
 
+    /// One that refuses `CONFIG`, as managed Redis services do.
+    pub async fn without_config() -> RedisServer {
+        Self::start_with(&["--rename-command", "CONFIG", ""]).await
+    }
+
     async fn start_with(extra: &[&str]) -> RedisServer {
         let extra = extra.iter().map(|s| s.to_string()).collect();
         let mut r = RedisServer { port: free_port(), child: None, extra };

@@ -17,6 +17,9 @@ section! {
         /// Largest serialized message body accepted, in bytes.
         pub max_body_bytes: usize = "32768",
         /// Refuse to start when Redis may evict keys (pending sets must not vanish).
+        ///
+        /// The check reads `maxmemory-policy` with `CONFIG GET`; turned off, the gateway
+        /// never sends `CONFIG`, which managed Redis services often refuse.
         pub require_noeviction: bool = "true",
         /// MySQL connections of the gateway.
         pub db_pool_size: u32 = "16",
