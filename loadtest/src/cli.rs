@@ -316,6 +316,10 @@ pub struct Probe {
     /// Seconds to run; 0 runs forever.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     pub duration: u64,
+    /// With --duration: exit non-zero unless messages went both ways and none was lost,
+    /// duplicated or reordered (a deployment check, such as `helm test`).
+    #[arg(long)]
+    pub fail_on_loss: bool,
     #[command(flatten)]
     pub unused: Unused,
 }

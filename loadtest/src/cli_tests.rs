@@ -130,6 +130,7 @@ fn the_callers_command_lines_parse() {
         "token --secret s --tenant acme --user alice --device phone",
         "probe --gateways http://gw:80 --tenant probe --name herald --interval-ms 1000 --loss-after-ms 30000 --listen 0.0.0.0:9099",
         "probe --gateways http://a,http://b --interval-ms 100 --duration 30 --listen 127.0.0.1:1",
+        "probe --gateways http://gw:80 --tenant probe --name t --interval-ms 200 --loss-after-ms 5000 --duration 20 --fail-on-loss --listen 127.0.0.1:9099",
         "sends --gateways http://a,http://b --conversations 10 --senders 10 --duration 1 --json x.json",
     ] {
         parse(&line.split(' ').collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{line}: {e}"));

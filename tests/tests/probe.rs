@@ -66,3 +66,40 @@ async fn the_probe_counts_messages_both_ways_and_sees_no_loss() {
     assert!(metrics.contains("herald_probe_latency_seconds"), "{metrics}");
     let _ = probe.kill().await;
 }
+
+/// A timed run with `--fail-on-loss` (`helm test`): its exit status and last line.
+async fn timed_run(gateways: &str) -> (bool, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(bin("herald-loadtest"))
+            // The chart's loss window: two test clusters share two cores, a debug build's
+            // delivery can take a second or two.
+            .args(["probe", "--gateways", gateways, "--interval-ms", "100", "--loss-after-ms", "5000"])
+            .args(["--duration", "3", "--fail-on-loss", "--listen", "127.0.0.1:0"])
+            .env("HERALD_JWT_SECRET", SECRET)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("a timed probe ends by itself")
+    .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `--fail-on-loss` passes a healthy cluster, and fails one where nothing gets through;
+/// sends the gateway never acknowledged (no worker commits them) are not counted lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_probe_fails_when_messages_do_not_get_through() {
+    let mut c = Cluster::new("probe-verdict");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[("HERALD_GATEWAY__SEND_TIMEOUT_MS", "1000")]).await;
+    let gw = c.gateways[0].base_url();
+    let (ok, log) = timed_run(&gw).await;
+    assert!(ok, "a healthy cluster passes:\n{log}");
+    assert!(log.contains("lost 0, duplicated or reordered 0"), "{log}");
+
+    c.workers[0].kill().await;
+    let (ok, log) = timed_run(&gw).await;
+    assert!(!ok, "nothing is committed without a worker, so nothing arrives:\n{log}");
+    assert!(log.contains("received 0 and 0") && log.contains("lost 0,"), "unacknowledged is not lost:\n{log}");
+}
