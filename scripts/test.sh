@@ -9,9 +9,10 @@ ensure_redis
 export IT_MYSQL_URL=${IT_MYSQL_URL:-$HD_MYSQL_ROOT_URL}
 export IT_REDIS_URL=${IT_REDIS_URL:-redis://127.0.0.1:6379/0}
 # The quick checks first, so the test runner's summary stays the last output: module
-# layering, then the Helm chart.
+# layering, the Helm chart, then the dependencies (cargo-deny, when installed).
 scripts/check-layering.py
 scripts/chart-test.sh
+scripts/deny.sh
 log "building"
 cargo build --workspace --bins
 log "testing"
