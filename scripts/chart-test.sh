@@ -5,7 +5,8 @@
 #   against the Kubernetes schemas (kubernetes-validate);
 # - rendering without a JWT secret fails with its message; a bad values file is refused
 #   by values.schema.json; two renders are identical (GitOps tools see no drift);
-# - every pod spec and container carries the Pod Security "restricted" fields;
+# - every pod spec and container carries the Pod Security "restricted" fields, and the
+#   Dockerfile runs as the chart's user with pinned bases (scripts/image-check.py);
 # - the chart README's values table is the one generated from values.yaml;
 # - the dashboard's queries use the namespace/job/pod variables, one unit per panel,
 #   $__rate_interval, and only metrics of the metric catalog; likewise the alerts, whose
@@ -125,6 +126,9 @@ log "kubernetes-validate (strict, Kubernetes 1.30)"
 log "Pod Security \"restricted\" fields on every pod and container"
 "$py" scripts/chart-checks.py restricted "$out/default.yaml" "$out/production.yaml" \
   "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml"
+
+log "the image: pinned bases, the chart's user, OCI labels (no Docker engine needed)"
+"$py" scripts/image-check.py
 
 log "a bad values file is refused"
 if "$helm" template herald "$chart" "${required[@]}" -f "$chart/ci/bad-values.yaml" > /dev/null 2> "$out/bad.err"; then
