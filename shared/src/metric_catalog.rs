@@ -110,6 +110,10 @@ pub const METRICS: &[Metric] = &[
     histogram("herald_worker_batch_size", "Sends per committed batch."),
     histogram("herald_worker_group_batches", "Batches per group commit."),
     histogram("herald_worker_commit_seconds", "Time to commit one group of batches to MySQL."),
+    histogram(
+        "herald_fanout_seconds",
+        "Time to fan one committed group out into Redis (the fan-out stage's busy time).",
+    ),
     counter(
         "herald_worker_commit_connections_dropped_total",
         "Kept commit connections found dead by their ping and dropped.",

@@ -257,7 +257,10 @@ impl FanoutStage {
                 r = rx.recv() => match r { Some(r) => r, None => return },
             };
             let Some(outbox_id) = result.outbox_id else { continue };
-            match s.fanout.deliver_to(&result.committed, &result.recipients).await {
+            let started = std::time::Instant::now();
+            let delivered = s.fanout.deliver_to(&result.committed, &result.recipients).await;
+            metrics::histogram!("herald_fanout_seconds").record(started.elapsed().as_secs_f64());
+            match delivered {
                 Ok(()) => {
                     s.fanout.remember_done(outbox_id).await;
                     if s.sent_marks.try_send(outbox_id).is_err() {
