@@ -1,0 +1,10 @@
+export { HeraldClient } from "./client.js";
+export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./client.js";
+export { Backoff, type BackoffOptions } from "./backoff.js";
+export { SeenIds } from "./dedup.js";
+export { compareIds, isMessageId, type MessageId } from "./ids.js";
+export { IndexedDbOutboxStorage } from "./indexeddb.js";
+export { MemoryOutboxStorage, Outbox, SendRefused, newCmid, type OutboxEntry, type OutboxStorage, type SendResult } from "./outbox.js";
+export { Close, SUBPROTOCOL, parseServerFrame, tokenExpiry, type ClientFrame, type ErrorCode, type ServerFrame, type WireMessage } from "./protocol.js";
+export { onSessionEnd, type Decision, type Hints } from "./reconnect.js";
+export { Timelines, type Gap } from "./timeline.js";
