@@ -40,6 +40,8 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   private refreshAt: number | null = null;
   private readonly syncs = new Map<string, string>();
   private syncNo = 0;
+  /** Connections opened; picks the gateway when there are several. */
+  private connections = 0;
   private tick: ReturnType<typeof setInterval> | null = null;
   private ackTimer: ReturnType<typeof setTimeout> | null = null;
   private retry: ReturnType<typeof setTimeout> | null = null;
@@ -139,7 +141,9 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     if ((this.stateNow as ConnectionState) === "closed") return;
     this.needNewToken = false;
     this.tokenNow = token;
-    const base = this.o.url.replace(/^http/, "ws").replace(/\/+$/, "");
+    const urls = typeof this.o.url === "string" ? [this.o.url] : this.o.url;
+    const url = urls[this.connections++ % urls.length];
+    const base = url.replace(/^http/, "ws").replace(/\/+$/, "");
     const query = this.o.tokenIn === "query" ? `?access_token=${encodeURIComponent(token)}` : "";
     const ws = this.o.offerSubprotocol
       ? new this.o.WebSocket(`${base}/v1/ws${query}`, [SUBPROTOCOL])

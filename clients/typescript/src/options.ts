@@ -21,8 +21,11 @@ export type WebSocketFactory = new (url: string, protocols?: string | string[]) 
 export type TokenReason = "connect" | "expired" | "refresh";
 
 export interface HeraldOptions {
-  /** The gateway: `https://chat.example.com` (or `http://`, `ws://`, `wss://`). */
-  url: string;
+  /**
+   * The gateway: `https://chat.example.com` (or `http://`, `ws://`, `wss://`). Several:
+   * each connection after a lost one tries the next (a load balancer usually does this).
+   */
+  url: string | string[];
   /** A token, or a function returning a fresh one (called per connection, after 4001, and before `exp`). */
   token: string | ((reason: TokenReason) => string | Promise<string>);
   /** The WebSocket class (default: the global one; in Node pass `ws`'s). */
