@@ -13,7 +13,7 @@ describe("the outbox", () => {
     await o.add(entry("m1"), 0);
     const done = o.wait("m1");
     expect(o.due(0).map((e) => e.cmid)).toEqual(["m1"]);
-    expect(o.due(10)).toEqual([], "sent, waiting for its answer");
+    expect(o.due(10), "sent, waiting for its answer").toEqual([]);
     expect(await storage.load()).toHaveLength(1);
     await o.committed("m1", result);
     await expect(done).resolves.toEqual(result);
@@ -26,9 +26,9 @@ describe("the outbox", () => {
     await o.add(entry("m1"), 0);
     expect(o.due(0)).toHaveLength(1);
     expect(o.due(999)).toHaveLength(0);
-    expect(o.due(1000).map((e) => e.cmid)).toEqual(["m1"], "no answer in time");
+    expect(o.due(1000).map((e) => e.cmid), "no answer in time").toEqual(["m1"]);
     o.sessionEnded();
-    expect(o.due(1001).map((e) => e.cmid)).toEqual(["m1"], "the session was lost");
+    expect(o.due(1001).map((e) => e.cmid), "the session was lost").toEqual(["m1"]);
     await o.refused("m1", "unavailable", "x", 2000);
     const next = o.nextDue()!;
     expect(next).toBeGreaterThanOrEqual(2000);

@@ -49,7 +49,7 @@ describe("the ordering buffer", () => {
     expect(t.due(0, 1000)).toEqual([]); // first seen open
     expect(t.due(999, 1000)).toEqual([]);
     expect(t.due(1000, 1000)).toEqual([{ conv: "a", afterSeq: 1 }]);
-    expect(t.due(5000, 1000)).toEqual([], "a sync is out");
+    expect(t.due(5000, 1000), "a sync is out").toEqual([]);
     // The answer held 2 and 3 and said more: due again at once.
     t.arrive(msg("a", 2));
     t.synced("a", true, 6000, 1000);
