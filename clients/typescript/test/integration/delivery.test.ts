@@ -96,4 +96,38 @@ describe("against a real Herald", () => {
     await eventually(10_000, "the refreshed session delivers", () => carol.shown.length === 1);
     carol.client.close();
   });
+
+  it("an offline device gets its backlog in pages, once and in order; sends over the rate limit wait and go through", async () => {
+    const conv = "room-backlog";
+    await herald.api("erin", "POST", "/v1/conversations", { id: conv, kind: "direct", members: ["erin", "frank"] });
+    // Registered, then offline while 260 messages are committed (pages hold 200).
+    await herald.api("erin", "POST", "/v1/devices", undefined, "web");
+    // Counts the send frames frank puts on the wire.
+    let sendFrames = 0;
+    class CountingSocket extends WebSocket {
+      override send(data: any, ...rest: any[]) {
+        if (String(data).startsWith('{"t":"send"')) sendFrames++;
+        return (super.send as any)(data, ...rest);
+      }
+    }
+    const frank = device("frank", "web", [herald.gateways[1].base], { WebSocket: CountingSocket as any });
+    await eventually(10_000, "frank connected", () => frank.client.state === "connected");
+    const n = 260;
+    const refused: string[] = [];
+    frank.client.on("error", (e) => refused.push(e.code));
+    // Over the session's burst (200) and rate (50/s): some sends are refused rate_limited
+    // and resent after the hint, with the same cmid.
+    const results = await Promise.all(Array.from({ length: n }, (_, i) => frank.client.send(conv, { i })));
+    expect(new Set(results.map((r) => r.seq)).size).toBe(n);
+    const erin = device("erin", "web", [herald.gateways[1].base]);
+    let caughtUp = 0;
+    erin.client.on("caught_up", () => caughtUp++);
+    await eventually(30_000, "erin showed the backlog", () => erin.shown.length >= n && caughtUp > 0);
+    await sleep(300);
+    expect(judge(erin.shown, conv, n)).toEqual({ lost: 0, twice: 0, outOfOrder: 0 });
+    expect(refused).toEqual([]);
+    expect(sendFrames, "some sends were refused rate_limited and sent again").toBeGreaterThan(n);
+    erin.client.close();
+    frank.client.close();
+  });
 });

@@ -95,12 +95,12 @@ export class Herald {
   }
 
   /** An HTTP call as `user` (docs/protocol.md section 2), to a gateway still running. */
-  async api(user: string, method: string, path: string, body?: unknown): Promise<any> {
+  async api(user: string, method: string, path: string, body?: unknown, device = "http"): Promise<any> {
     const live = this.gateways.find((g) => g.child.exitCode === null && g.child.signalCode === null);
     if (!live) throw new Error("no gateway running");
     const r = await fetch(`${live.base}${path}`, {
       method,
-      headers: { authorization: `Bearer ${token(user, "http")}`, "content-type": "application/json" },
+      headers: { authorization: `Bearer ${token(user, device)}`, "content-type": "application/json" },
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     const text = await r.text();
