@@ -5,6 +5,7 @@
 
 import { AckBatch } from "./acks.js";
 import { Backoff } from "./backoff.js";
+import { browserEnv, watchBrowser } from "./browser.js";
 import { SeenIds } from "./dedup.js";
 import { Emitter } from "./events.js";
 import type { MessageId } from "./ids.js";
@@ -29,7 +30,8 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   private readonly acks = new AckBatch();
   private readonly outbox: Outbox;
   private readonly timelines: Timelines;
-  private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket">> & { WebSocket: WebSocketFactory };
+  private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket" | "browser">> & { WebSocket: WebSocketFactory };
+  private readonly unwatch: () => void;
   private hints: Hints = {};
   private needNewToken = false;
   private tokenNow: string | null = null;
@@ -68,6 +70,20 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.outbox = new Outbox(options.outboxStorage, this.o.sendTimeoutMs);
     this.timelines = new Timelines((m) => this.show(m));
     this.restored = this.outbox.restore(Date.now());
+    const env = options.browser === undefined ? browserEnv() : options.browser;
+    this.unwatch = env ? watchBrowser(env, () => this.wake()) : () => {};
+  }
+
+  /** The network is back or the page visible again: reconnect now, or check the session. */
+  private wake(): void {
+    if (this.stateNow === "disconnected" && this.retry) {
+      clearTimeout(this.retry);
+      this.retry = null;
+      void this.open();
+    } else if (this.stateNow === "connected") {
+      this.lastPing = Date.now();
+      this.write({ t: "ping", ts: this.lastPing });
+    }
   }
 
   get state(): ConnectionState {
@@ -101,6 +117,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     const ws = this.ws;
     this.endSession();
     ws?.close(1000, "closed by the app");
+    this.unwatch();
     this.setState("closed", { reason: "closed" });
   }
 

@@ -1,6 +1,7 @@
 export { HeraldClient } from "./client.js";
 export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./client.js";
 export { Backoff, type BackoffOptions } from "./backoff.js";
+export { browserEnv, watchBrowser, type BrowserEnv } from "./browser.js";
 export { SeenIds } from "./dedup.js";
 export { compareIds, isMessageId, type MessageId } from "./ids.js";
 export { IndexedDbOutboxStorage } from "./indexeddb.js";

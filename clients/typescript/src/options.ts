@@ -1,6 +1,7 @@
 // The client's options, events and the WebSocket it needs: the types an app sees.
 
 import type { BackoffOptions } from "./backoff.js";
+import type { BrowserEnv } from "./browser.js";
 import type { OutboxStorage, SendResult } from "./outbox.js";
 import type { WireMessage } from "./protocol.js";
 
@@ -44,6 +45,8 @@ export interface HeraldOptions {
   /** Message ids remembered to drop repeats (default 10 000). */
   dedupCapacity?: number;
   outboxStorage?: OutboxStorage;
+  /** `online`/`visibilitychange` hooks (default: the browser's when there is one; null: none). */
+  browser?: BrowserEnv | null;
   /** Refresh the token in the session this long before its `exp` (default 60 000 ms). */
   refreshBeforeMs?: number;
 }

@@ -232,3 +232,44 @@ describe("sends", () => {
     await expect(slow).resolves.toMatchObject({ seq: 1 });
   });
 });
+
+describe("browser hooks", () => {
+  function fakeBrowser() {
+    const window = new EventTarget();
+    const document = Object.assign(new EventTarget(), { visibilityState: "hidden" });
+    return { window, document };
+  }
+
+  it("reconnect at once when the network comes back or the page shows again", async () => {
+    const browser = fakeBrowser();
+    const { c } = client({ browser, backoff: { baseMs: 60_000, random: () => 0.9 } });
+    (await connected(c)).serverClose(1006);
+    expect(c.state).toBe("disconnected");
+    browser.window.dispatchEvent(new Event("online"));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(FakeSocket.all).toHaveLength(2);
+    last().open();
+    last().frame({ t: "hello", session: "s", hb_ms: 10_000, pending: 0 });
+    last().serverClose(1006);
+    browser.document.dispatchEvent(new Event("visibilitychange"));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(FakeSocket.all, "still hidden: no wake").toHaveLength(2);
+    browser.document.visibilityState = "visible";
+    browser.document.dispatchEvent(new Event("visibilitychange"));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(FakeSocket.all).toHaveLength(3);
+  });
+
+  it("ping a connected session when the page shows again, and unsubscribe on close", async () => {
+    const browser = fakeBrowser();
+    browser.document.visibilityState = "visible";
+    const { c } = client({ browser });
+    const ws = await connected(c);
+    browser.document.dispatchEvent(new Event("visibilitychange"));
+    expect(ws.of("ping")).toHaveLength(1);
+    c.close();
+    browser.window.dispatchEvent(new Event("online"));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(FakeSocket.all).toHaveLength(1);
+  });
+});
