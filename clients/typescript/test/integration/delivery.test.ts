@@ -4,7 +4,7 @@
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
-import { HeraldClient, type Message } from "../../src/index.js";
+import { HeraldApi, HeraldClient, type Message } from "../../src/index.js";
 import { Herald, eventually, sleep, token } from "./herald.js";
 
 let herald: Herald;
@@ -127,6 +127,15 @@ describe("against a real Herald", () => {
     expect(judge(erin.shown, conv, n)).toEqual({ lost: 0, twice: 0, outOfOrder: 0 });
     expect(refused).toEqual([]);
     expect(sendFrames, "some sends were refused rate_limited and sent again").toBeGreaterThan(n);
+    // The typed HTTP API: unread counts, reads, history.
+    const api = new HeraldApi({ url: herald.gateways[1].base, token: () => token("erin", "web") });
+    const unread = async () => (await api.conversations()).items.find((c) => c.id === conv)?.unread;
+    expect(await unread()).toBe(n);
+    expect(await api.read(conv, n)).toEqual({ conv, read_seq: n });
+    const page = await api.history(conv, { afterSeq: n - 5 });
+    expect(page.items.map((m) => m.seq)).toEqual([n - 4, n - 3, n - 2, n - 1, n]);
+    expect(await unread()).toBe(0);
+    await expect(api.history("no-such-room")).rejects.toMatchObject({ status: 404, code: "not_found" });
     erin.client.close();
     frank.client.close();
   });
