@@ -10,9 +10,11 @@ import { SeenIds } from "./dedup.js";
 import { Emitter } from "./events.js";
 import type { MessageId } from "./ids.js";
 import { Outbox, newCmid, type SendResult } from "./outbox.js";
-import { parseServerFrame, SUBPROTOCOL, tokenExpiry, type ClientFrame, type ServerFrame, type WireMessage } from "./protocol.js";
+import { parseServerFrame, SUBPROTOCOL, tokenExpiry, tokenUser, type ClientFrame, type ServerFrame, type WireMessage } from "./protocol.js";
 import { onSessionEnd, type Hints } from "./reconnect.js";
 import { Timelines } from "./timeline.js";
+import { UnreadCounts } from "./unread.js";
+import type { ConversationItem } from "./api.js";
 import type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./options.js";
 
 export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike };
@@ -30,6 +32,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   private readonly acks = new AckBatch();
   private readonly outbox: Outbox;
   private readonly timelines: Timelines;
+  private readonly unreadCounts = new UnreadCounts((conv, unread) => this.emit("unread", { conv, unread }));
   private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket" | "browser">> & { WebSocket: WebSocketFactory };
   private readonly unwatch: () => void;
   private hints: Hints = {};
@@ -100,6 +103,16 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     return this.timelines.shown(conv);
   }
 
+  /** Unread messages of `conv`, kept live from a conversation list given to `seedUnread`. */
+  unread(conv: string): number {
+    return this.unreadCounts.count(conv);
+  }
+
+  /** Starts the unread counts from a conversation list (`HeraldApi.conversations()`). */
+  seedUnread(items: Pick<ConversationItem, "id" | "last_seq" | "read_seq">[]): void {
+    this.unreadCounts.seed(items);
+  }
+
   /** Starts `conv`'s timeline after `seq` (what the app already has, or the list's `joined_seq`). */
   startAfter(conv: string, seq: number): void {
     this.timelines.startAfter(conv, seq);
@@ -132,6 +145,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
 
   /** Moves the user's read position in `conv` (dropped when not connected). */
   read(conv: string, seq: number): void {
+    this.unreadCounts.readUpTo(conv, seq);
     this.write({ t: "read", conv, seq });
   }
 
@@ -320,12 +334,14 @@ export class HeraldClient extends Emitter<HeraldEvents> {
         return;
       case "sent": {
         const r: SendResult = { id: f.id, seq: f.seq, ts: f.ts, dup: f.dup };
+        this.unreadCounts.message(f.conv, f.seq);
         void this.outbox.committed(f.cmid, r).then((mine) => mine && this.emit("sent", { ...r, cmid: f.cmid, conv: f.conv }));
         return;
       }
       case "error":
         return this.onError(f);
       case "read":
+        if (this.tokenNow && f.user === tokenUser(this.tokenNow)) this.unreadCounts.readUpTo(f.conv, f.seq);
         return this.emit("read", { conv: f.conv, user: f.user, seq: f.seq });
       case "caught_up":
         this.caughtUp = true;
@@ -366,6 +382,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   }
 
   private show(m: WireMessage): void {
+    this.unreadCounts.message(m.conv, m.seq);
     const msg: Message = { ...m, ack: () => this.ack(m.id) };
     this.emit("message", msg);
   }

@@ -7,6 +7,7 @@ export { SeenIds } from "./dedup.js";
 export { compareIds, isMessageId, type MessageId } from "./ids.js";
 export { IndexedDbOutboxStorage } from "./indexeddb.js";
 export { MemoryOutboxStorage, Outbox, SendRefused, newCmid, type OutboxEntry, type OutboxStorage, type SendResult } from "./outbox.js";
-export { Close, SUBPROTOCOL, parseServerFrame, tokenExpiry, type ClientFrame, type ErrorCode, type ServerFrame, type WireMessage } from "./protocol.js";
+export { Close, SUBPROTOCOL, parseServerFrame, tokenExpiry, tokenUser, type ClientFrame, type ErrorCode, type ServerFrame, type WireMessage } from "./protocol.js";
 export { onSessionEnd, type Decision, type Hints } from "./reconnect.js";
 export { Timelines, type Gap } from "./timeline.js";
+export { UnreadCounts } from "./unread.js";

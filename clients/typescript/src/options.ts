@@ -71,6 +71,8 @@ export interface HeraldEvents {
   message: Message;
   read: { conv: string; user: string; seq: number };
   caught_up: { delivered: number };
+  /** A conversation's unread count changed (see `seedUnread`). */
+  unread: { conv: string; unread: number };
   sent: SendResult & { cmid: string; conv: string };
   /** A server `error` not answered through a promise (acks, reads, refused refreshes, ...). */
   error: { code: string; message: string; ref?: string | null };

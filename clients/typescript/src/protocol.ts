@@ -120,15 +120,26 @@ export function parseServerFrame(text: string): ServerFrame | null {
   return ok ? (f as ServerFrame) : null;
 }
 
-/** The `exp` claim (seconds) of a JWT, without checking it; `null` when unreadable. */
-export function tokenExpiry(token: string): number | null {
+/** A JWT's claims, without checking the token; `null` when unreadable. */
+function claims(token: string): any {
   const part = token.split(".")[1];
   if (!part) return null;
   try {
     const b64 = part.replace(/-/g, "+").replace(/_/g, "/");
-    const json = JSON.parse(globalThis.atob(b64 + "===".slice((b64.length + 3) % 4)));
-    return isNat(json.exp) ? json.exp : null;
+    return JSON.parse(globalThis.atob(b64 + "===".slice((b64.length + 3) % 4)));
   } catch {
     return null;
   }
+}
+
+/** The `exp` claim (seconds) of a JWT, without checking it; `null` when unreadable. */
+export function tokenExpiry(token: string): number | null {
+  const exp = claims(token)?.exp;
+  return isNat(exp) ? exp : null;
+}
+
+/** The `sub` claim (the user) of a JWT, without checking it; `null` when unreadable. */
+export function tokenUser(token: string): string | null {
+  const sub = claims(token)?.sub;
+  return isStr(sub) ? sub : null;
 }

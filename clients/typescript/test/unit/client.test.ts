@@ -273,3 +273,22 @@ describe("browser hooks", () => {
     expect(FakeSocket.all).toHaveLength(1);
   });
 });
+
+describe("unread counts in a session", () => {
+  it("follow shown messages, own sends and the user's read frames from other devices", async () => {
+    const payload = Buffer.from(JSON.stringify({ sub: "alice", exp: 4102444800 })).toString("base64url");
+    const { c } = client({ token: () => `e30.${payload}.sig` });
+    const counts: number[] = [];
+    c.on("unread", (u) => counts.push(u.unread));
+    const ws = await connected(c);
+    c.seedUnread([{ id: "c", last_seq: 0, read_seq: 0 }]);
+    ws.frame(msg(1));
+    ws.frame(msg(2));
+    ws.frame({ t: "read", conv: "c", user: "bob", seq: 2 }); // another member: not ours
+    ws.frame({ t: "read", conv: "c", user: "alice", seq: 1 }); // alice on another device
+    ws.frame({ t: "sent", cmid: "x", id: "9", conv: "c", seq: 3, ts: 1, dup: false });
+    c.read("c", 3);
+    expect(counts).toEqual([1, 2, 1, 2, 0]);
+    expect(c.unread("c")).toBe(0);
+  });
+});

@@ -70,3 +70,21 @@ describe("the ordering buffer", () => {
     expect(t.due(30, 10)).toEqual([{ conv: "a", afterSeq: 0 }]);
   });
 });
+
+describe("unread counts", () => {
+  it("start from the list, grow with messages, shrink with the user's reads, never below 0", async () => {
+    const { UnreadCounts } = await import("../../src/unread.js");
+    const changes: string[] = [];
+    const u = new UnreadCounts((conv, n) => changes.push(`${conv}=${n}`));
+    u.seed([{ id: "a", last_seq: 10, read_seq: 7 }]);
+    expect(u.count("a")).toBe(3);
+    u.message("a", 11);
+    u.message("a", 9); // an older one shown late changes nothing
+    u.message("b", 1);
+    u.readUpTo("a", 11);
+    u.readUpTo("a", 5);
+    expect(changes).toEqual(["a=3", "a=4", "b=1", "a=0"]);
+    u.readUpTo("b", 40);
+    expect(u.count("b")).toBe(0);
+  });
+});
