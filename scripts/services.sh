@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure MariaDB and Redis run on this machine (installing them from Debian's
-# packages when missing), and exports HD_MYSQL_ROOT_URL: a MySQL URL (without a
+# packages when missing; Node for the TypeScript client too), and exports HD_MYSQL_ROOT_URL: a MySQL URL (without a
 # database) that may create databases. Sourced by scripts/run.sh and scripts/test.sh.
 set -euo pipefail
 
@@ -28,6 +28,18 @@ ensure_redis() {
     --logfile /var/log/redis/herald.log --maxmemory-policy noeviction
   for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && return; sleep 0.2; done
   log "redis did not start"; exit 1
+}
+
+# Node 20 or later, with npm, for the TypeScript client's tests (vitest 4 needs 20).
+ensure_node() {
+  command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
+  local major
+  major=$(node -p 'process.versions.node.split(".")[0]')
+  if [ "$major" -lt 20 ]; then
+    log "Node $(node --version) is older than 20, which the TypeScript client's tests need"
+    log "install Node 20 or later (Debian 13's nodejs, or NodeSource's on Debian 12)"
+    exit 1
+  fi
 }
 
 mysql_tcp_ok() { mariadb -h 127.0.0.1 -u "$1" ${2:+-p"$2"} -e 'SELECT 1' >/dev/null 2>&1; }

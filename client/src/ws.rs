@@ -66,6 +66,29 @@ impl WsClient {
         Ok(WsClient { ws })
     }
 
+    /// Connects with the token in the query string when given (else the first frame must
+    /// be `auth`), offering these subprotocols; also returns the one the server chose.
+    pub async fn connect_offering(
+        base: &str,
+        token: Option<&str>,
+        protocols: &[&str],
+    ) -> Result<(WsClient, Option<String>), tokio_tungstenite::tungstenite::Error> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let query = token.map(|t| format!("?access_token={t}")).unwrap_or_default();
+        let mut request = format!("{}/v1/ws{query}", base.replacen("http", "ws", 1)).into_client_request()?;
+        if !protocols.is_empty() {
+            let offer = protocols.join(", ").parse().map_err(tokio_tungstenite::tungstenite::http::Error::from)?;
+            request.headers_mut().insert("sec-websocket-protocol", offer);
+        }
+        let stream = tcp(base, None).await?;
+        let tls = Tls::system();
+        let (ws, response) =
+            tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config()), Some(tls.connector()))
+                .await?;
+        let chosen = response.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        Ok((WsClient { ws }, chosen))
+    }
+
     pub async fn send(&mut self, frame: &ClientFrame) -> Result<(), tokio_tungstenite::tungstenite::Error> {
         self.send_text(&frame.to_json()).await
     }

@@ -13,15 +13,18 @@ mod body_strategies;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fred::interfaces::PubsubInterface;
+use herald_shared::config::CorsOrigins;
 use herald_shared::error::ErrorCode;
 use herald_shared::keys::{DeviceKey, PresenceValue};
 use herald_shared::protocol::{Kick, NodeEnvelope};
+
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::state::AppState;
 use auth::Caller;
@@ -43,12 +46,38 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/read", post(messages::read))
         .route("/v1/sync", get(history::sync))
         .layer(axum::middleware::from_fn_with_state(deadline, within_deadline));
-    Router::new()
+    let router = Router::new()
         .merge(bounded)
         .route("/v1/ws", get(ws::upgrade))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::map_response(protocol_error_body))
-        .with_state(state)
+        .layer(axum::middleware::map_response(protocol_error_body));
+    // Outermost, so that errors (401, 404, 429 ...) carry the headers too: a page must
+    // read a refusal's body and `Retry-After` to act on it.
+    match cors(&state.cfg.gateway.cors()) {
+        Some(cors) => router.layer(cors).with_state(state),
+        None => router.with_state(state),
+    }
+}
+
+/// The CORS layer for `gateway.cors_origins`: preflights answered for the API's methods
+/// and the headers clients send; `Retry-After` readable. No credentials: the token is a
+/// header, not a cookie, so pages of other origins get nothing a token does not give.
+fn cors(origins: &CorsOrigins) -> Option<CorsLayer> {
+    let allow = match origins {
+        CorsOrigins::None => return None,
+        CorsOrigins::Any => AllowOrigin::any(),
+        CorsOrigins::List(list) => {
+            AllowOrigin::list(list.iter().map(|o| HeaderValue::from_str(o).expect("validated origin")))
+        }
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .expose_headers([header::RETRY_AFTER])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 /// Refusals that come from axum itself (unknown path, body over the limit, a plain GET

@@ -1,21 +1,25 @@
-//! `GET /v1/ws`: authentication at the upgrade, and session start.
+//! `GET /v1/ws`: authentication (at the upgrade, or by the first frame), admission and
+//! session start.
 //!
 //! A bad token still gets its upgrade, closed at once with 4001, so browsers (which
-//! cannot read a refused handshake's status) can tell why.
+//! cannot read a refused handshake's status) can tell why. A browser cannot set a
+//! header on a WebSocket either, so a client may leave the token out of the upgrade and
+//! send it as the first frame (`auth`), within `gateway.handshake_timeout_ms`.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::response::Response;
-use herald_shared::auth::verify;
+use herald_shared::auth::{verify, Claims};
 use herald_shared::error::ErrorCode;
-use herald_shared::protocol::{CloseCode, ErrorFrame, ServerFrame};
+use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame, SUBPROTOCOL};
 use tracing::Instrument;
 
 use crate::api::auth::token_of;
-use crate::limits::ConnectionRefused;
+use crate::limits::{ConnectionPermit, ConnectionRefused};
 use crate::session::Session;
 use crate::state::AppState;
 
@@ -29,41 +33,108 @@ impl<S: Send + Sync> FromRequestParts<S> for RawParts {
     }
 }
 
+/// Why a session is not started: what the client is told before the close.
+struct Refusal {
+    error: Option<ErrorFrame>,
+    code: CloseCode,
+    reason: String,
+}
+
+impl Refusal {
+    fn unauthorized(reason: String) -> Refusal {
+        Refusal { error: None, code: CloseCode::Unauthorized, reason }
+    }
+
+    /// Accepted only to say why, then closed (browsers cannot read a refused handshake).
+    async fn tell(self, mut socket: WebSocket) {
+        if let Some(f) = self.error {
+            let _ = socket.send(Message::Text(ServerFrame::from(f).to_json().into())).await;
+        }
+        close_now(socket, self.code, self.reason).await
+    }
+}
+
 pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, ws: WebSocketUpgrade) -> Response {
     // Explicit buffer sizes: tungstenite's defaults hold 128 KiB + 128 KiB per connection.
     // Reads: the hard message cap is above twice the protocol's frame limit, so an
     // oversized frame is answered with `too_large`, not cut. Writes: the buffer takes the
     // largest frame the gateway writes (a full history page), so none is dropped for size.
+    // `herald.v1` is echoed when offered; a client offering none (or only others) still
+    // gets its session, without a subprotocol, as before the version was named.
     let g = &state.cfg.gateway;
     let hard_cap = ((g.max_body_bytes * 2 + 4096) * 2).max(1 << 20);
     let ws = ws
+        .protocols([SUBPROTOCOL])
         .read_buffer_size(4 * 1024)
         .write_buffer_size(0)
         .max_write_buffer_size(g.largest_frame_bytes() * 2)
         .max_message_size(hard_cap)
         .max_frame_size(hard_cap);
-    let claims = token_of(&parts)
-        .ok_or("missing token".to_string())
-        .and_then(|t| verify(&t, state.cfg.jwt_secret.0.as_bytes()).map_err(|e| e.to_string()));
     let tracker = state.session_tasks.clone();
-    // Only a valid token is charged against the node's admission budget: clients with
-    // bad tokens cannot use it up for everyone else.
-    let claims = match claims {
-        Ok(c) => c,
-        Err(reason) => {
-            return ws
-                .on_upgrade(move |socket| tracker.track_future(close_now(socket, CloseCode::Unauthorized, reason)))
-        }
+    let peer = crate::listener::peer_of(&parts).map(|a| a.ip());
+    let ip = crate::client_ip::client_ip(&g.trusted_proxies, peer, &parts.headers);
+    let Some(token) = token_of(&parts) else {
+        // The token comes as the first frame; nothing is charged until it is valid.
+        return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, socket)));
     };
+    let admitted = match verify(&token, state.cfg.jwt_secret.0.as_bytes()) {
+        Ok(claims) => admit(&state, ip, &claims).await.map(|permit| (claims, permit)),
+        Err(e) => Err(Refusal::unauthorized(e.to_string())),
+    };
+    match admitted {
+        Ok((claims, permit)) => {
+            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, permit, socket)))
+        }
+        Err(refusal) => ws.on_upgrade(move |socket| tracker.track_future(refusal.tell(socket))),
+    }
+}
+
+/// A session opened without a token: its first frame must be `auth` with a valid one.
+async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, mut socket: WebSocket) {
+    let deadline = Duration::from_millis(state.cfg.gateway.handshake_timeout_ms);
+    let secret = state.cfg.jwt_secret.0.clone();
+    let claims = match tokio::time::timeout(deadline, first_frame_token(&mut socket)).await {
+        Ok(Ok(token)) => verify(&token, secret.as_bytes()).map_err(|e| e.to_string()),
+        Ok(Err(reason)) => Err(reason),
+        Err(_) => Err("missing token: no auth frame in time".into()),
+    };
+    let admitted = match claims {
+        Ok(claims) => admit(&state, ip, &claims).await.map(|permit| (claims, permit)),
+        Err(reason) => Err(Refusal::unauthorized(reason)),
+    };
+    match admitted {
+        Ok((claims, permit)) => serve(state, ip, claims, permit, socket).await,
+        Err(refusal) => refusal.tell(socket).await,
+    }
+}
+
+/// The token of the first frame, which must be `auth`; control frames before it are
+/// skipped.
+async fn first_frame_token(socket: &mut WebSocket) -> Result<String, String> {
+    loop {
+        return match socket.recv().await {
+            Some(Ok(Message::Text(t))) => match ClientFrame::parse(t.as_str()) {
+                Ok(ClientFrame::Auth(f)) => Ok(f.token),
+                Ok(other) => Err(format!("missing token: the first frame must be auth, not {}", other.kind())),
+                Err(_) => Err("missing token: the first frame must be a valid auth frame".into()),
+            },
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Binary(_))) => Err("missing token: the first frame must be an auth text frame".into()),
+            Some(Ok(Message::Close(_)) | Err(_)) | None => Err("closed before the auth frame".into()),
+        };
+    }
+}
+
+/// The checks after a valid token: the node's admission budget (a login storm), the
+/// user's and the address's connection limits, the device's registration.
+async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<ConnectionPermit, Refusal> {
     if let Err(wait) = crate::limits::take(&state.limits.admission, 1) {
         // A login storm: refuse politely, with a jittered hint, so retries spread out.
         metrics::counter!("herald_rate_limited_total", "what" => "connect").increment(1);
         let retry = crate::limits::jittered(wait).as_millis() as u64;
         let f = ErrorFrame::new(ErrorCode::RateLimited, "too many connections; retry later").retry_after(retry);
-        return refuse(ws, tracker, f, CloseCode::TryAgainLater, "retry later");
+        return Err(Refusal { error: Some(f), code: CloseCode::TryAgainLater, reason: "retry later".into() });
     }
-    let peer = crate::listener::peer_of(&parts).map(|a| a.ip());
-    let ip = crate::client_ip::client_ip(&g.trusted_proxies, peer, &parts.headers);
     let permit = match state.limits.connections.admit(ip, &claims.tid, &claims.sub, &claims.dev) {
         Ok(p) => p,
         Err(which) => {
@@ -76,42 +147,21 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
             // Nothing frees up by itself: a long, jittered hint.
             let retry = crate::limits::jittered(Duration::from_secs(5)).as_millis() as u64;
             let f = ErrorFrame::new(ErrorCode::RateLimited, message).retry_after(retry);
-            return refuse(ws, tracker, f, CloseCode::Policy, message);
+            return Err(Refusal { error: Some(f), code: CloseCode::Policy, reason: message.into() });
         }
     };
-    if let Err(e) = state.devices.register(&claims).await {
-        return ws
-            .on_upgrade(move |socket| tracker.track_future(close_now(socket, CloseCode::InternalError, e.message)));
+    match state.devices.register(claims).await {
+        Ok(()) => Ok(permit),
+        Err(e) => Err(Refusal { error: None, code: CloseCode::InternalError, reason: e.message }),
     }
-    // The client's address in every line the session logs.
-    let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
-    ws.on_upgrade(move |socket| {
-        tracker.track_future(
-            async move {
-                // The slot is held for the whole session and given back when it ends.
-                let _permit = permit;
-                Session::run(state.sessions.clone(), claims, socket).await
-            }
-            .instrument(span),
-        )
-    })
 }
 
-/// Accepts the upgrade only to say why the session is refused, then closes it (browsers
-/// cannot read a refused handshake).
-fn refuse(
-    ws: WebSocketUpgrade,
-    tracker: tokio_util::task::TaskTracker,
-    f: ErrorFrame,
-    code: CloseCode,
-    reason: &'static str,
-) -> Response {
-    ws.on_upgrade(move |mut socket| {
-        tracker.track_future(async move {
-            let _ = socket.send(Message::Text(ServerFrame::from(f).to_json().into())).await;
-            close_now(socket, code, reason.into()).await
-        })
-    })
+async fn serve(state: AppState, ip: Option<IpAddr>, claims: Claims, permit: ConnectionPermit, socket: WebSocket) {
+    // The slot is held for the whole session and given back when it ends.
+    let _permit = permit;
+    // The client's address in every line the session logs.
+    let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
+    Session::run(state.sessions.clone(), claims, socket).instrument(span).await
 }
 
 pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {

@@ -14,7 +14,8 @@
 //! - [`backlog`]: the pager's state; [`inflight`]: the window, ack batching, heartbeat.
 //! - [`presence`]: where the device is connected, one session per device.
 //! - `delivery`: pushes, backlog pages, acks; `upkeep`: the tick (heartbeat, epoch,
-//!   watermark); `requests`: send, sync and read; `reads`: read positions shown.
+//!   watermark); `requests`: send, sync and read; `reads`: read positions shown;
+//!   `token`: the token's expiry and its refresh.
 //!
 //! The loop is generic over a `Stream` + `Sink` of WebSocket messages, so a test drives
 //! a session over channels.
@@ -25,6 +26,7 @@ mod inflight;
 mod presence;
 mod reads;
 mod requests;
+mod token;
 mod upkeep;
 
 #[cfg(test)]
@@ -138,6 +140,8 @@ pub struct Session<S> {
     requests: JoinSet<Option<ServerFrame>>,
     /// A write missed its deadline: the connection is given up.
     stalled: bool,
+    /// The token's expiry ends the session (4001); `refresh` moves it.
+    expires: Instant,
 }
 
 impl<S, E> Session<S>
@@ -183,6 +187,7 @@ where
             unconfirmed_reads: Vec::new(),
             requests: JoinSet::new(),
             stalled: false,
+            expires: token::expiry(claims.exp),
             env,
             claims,
             device,
@@ -251,12 +256,6 @@ where
         let mut tick = tokio::time::interval(Duration::from_millis(self.env.cfg.gateway.heartbeat_ms.min(1_000)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let never = Instant::now() + Duration::from_secs(86_400 * 365);
-        // The token's expiry ends the session (4001): the client reconnects with a new one.
-        let expires = Instant::now()
-            + Duration::from_millis(
-                (self.claims.exp.saturating_mul(1000)).saturating_sub(herald_shared::ids::now_ms()),
-            );
-        let expires = expires.min(never);
         loop {
             if lagged.swap(false, Ordering::AcqRel) {
                 // Dropped pushes are still pending in Redis: read the set again.
@@ -269,7 +268,7 @@ where
             let flow = tokio::select! {
                 biased;
                 _ = drain.cancelled() => ControlFlow::Break(self.drain().await),
-                _ = tokio::time::sleep_until(expires) => ControlFlow::Break(End::Close(CloseCode::Unauthorized, "token expired")),
+                _ = tokio::time::sleep_until(self.expires) => ControlFlow::Break(End::Close(CloseCode::Unauthorized, "token expired")),
                 Some(c) = control.recv() => self.on_control(c).await,
                 Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => self.on_answer(answer).await,
                 Some(push) = pushes.recv(), if self.inflight.has_room() => self.on_push(push).await,
@@ -344,6 +343,14 @@ where
             ClientFrame::Send(s) => self.on_send(s).await,
             ClientFrame::Sync(s) => self.on_sync(s).await,
             ClientFrame::Read(r) => self.on_read(r).await,
+            ClientFrame::Refresh(f) => self.on_refresh(f).await,
+            ClientFrame::Auth(f) => {
+                self.protocol_error(
+                    f.reference,
+                    "auth must be the first frame, and only without a token at the upgrade",
+                )
+                .await
+            }
         }
     }
 

@@ -113,7 +113,24 @@ section! {
         pub tls_cert_file: String = "",
         /// PEM private key of `gateway.tls_cert_file`.
         pub tls_key_file: String = "",
+        /// Origins whose pages may call the HTTP API (CORS), comma-separated, or `*` for any.
+        ///
+        /// Each is `scheme://host[:port]` as browsers send it in `Origin`
+        /// (`https://chat.example.com`). Empty: no CORS headers, so only pages served from
+        /// the gateway's own origin may call it. The WebSocket is not subject to CORS.
+        pub cors_origins: String = "",
     }
+}
+
+/// Which browser origins may call the HTTP API (`gateway.cors_origins`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CorsOrigins {
+    /// No CORS headers at all.
+    None,
+    /// Any origin (`*`).
+    Any,
+    /// Exactly these origins.
+    List(Vec<String>),
 }
 
 impl GatewayConfig {
@@ -121,6 +138,29 @@ impl GatewayConfig {
     pub fn tls_files(&self) -> Option<(PathBuf, PathBuf)> {
         let path = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
         path(&self.tls_cert_file).zip(path(&self.tls_key_file))
+    }
+
+    /// `gateway.cors_origins`, parsed; [`GatewayConfig::validate`] refuses malformed entries.
+    pub fn cors(&self) -> CorsOrigins {
+        let origins: Vec<String> =
+            self.cors_origins.split(',').map(str::trim).filter(|o| !o.is_empty()).map(str::to_owned).collect();
+        match origins.as_slice() {
+            [] => CorsOrigins::None,
+            [any] if any == "*" => CorsOrigins::Any,
+            _ => CorsOrigins::List(origins),
+        }
+    }
+
+    fn validate_cors(&self, bad: &mut Problems) {
+        let CorsOrigins::List(origins) = self.cors() else { return };
+        for o in origins {
+            let host = o.strip_prefix("https://").or_else(|| o.strip_prefix("http://"));
+            let ok = host.is_some_and(|h| !h.is_empty() && !h.contains('/') && h.bytes().all(|b| b.is_ascii_graphic()));
+            if !ok {
+                let why = format!("{o:?} is not an origin (scheme://host[:port], no path), nor `*` alone");
+                bad.push("gateway.cors_origins", &why);
+            }
+        }
     }
 
     /// Both files or neither, each readable, the key the certificate's.
@@ -144,6 +184,7 @@ impl GatewayConfig {
 
     pub(super) fn validate(&self, bad: &mut Problems) {
         self.validate_tls(bad);
+        self.validate_cors(bad);
         if self.send_timeout_ms == 0 {
             bad.push("gateway.send_timeout_ms", "must be positive");
         }
@@ -273,6 +314,20 @@ mod tests {
         let cfg = load(Role::Gateway, &[], &e).unwrap().0;
         assert_eq!(format!("{:?}", cfg.gateway.trusted_proxies), "[10.0.0.0/8, fd00::/8]");
         assert!(super::GatewayConfig::default().trusted_proxies.is_empty());
+    }
+
+    #[test]
+    fn cors_origins_are_a_list_any_or_none() {
+        use super::CorsOrigins;
+        let cors = |v: &str| load(Role::Gateway, &[], &env(&[SECRET, ("HERALD_GATEWAY__CORS_ORIGINS", v)]));
+        assert_eq!(cors("").unwrap().0.gateway.cors(), CorsOrigins::None);
+        assert_eq!(cors("*").unwrap().0.gateway.cors(), CorsOrigins::Any);
+        let list = cors("https://chat.example.com, http://localhost:5173").unwrap().0.gateway.cors();
+        assert_eq!(list, CorsOrigins::List(vec!["https://chat.example.com".into(), "http://localhost:5173".into()]));
+        for wrong in ["chat.example.com", "https://chat.example.com/", "*,https://a.example", "ftp://x"] {
+            let err = cors(wrong).unwrap_err().to_string();
+            assert!(err.contains("gateway.cors_origins"), "{wrong}: {err}");
+        }
     }
 
     #[test]

@@ -39,7 +39,7 @@ mod worker;
 pub use cidr::Cidr;
 pub use cli::{Cli, Deprecated};
 pub use delivery::DeliveryConfig;
-pub use gateway::GatewayConfig;
+pub use gateway::{CorsOrigins, GatewayConfig};
 pub use ingress::IngressConfig;
 pub use load::{load, Env, ProcessEnv};
 pub use outbox::OutboxConfig;

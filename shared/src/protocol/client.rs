@@ -17,6 +17,10 @@ pub enum ClientFrame {
     Read(ReadFrame),
     Sync(SyncFrame),
     Ping(PingFrame),
+    /// The token, as the first frame of a session opened without one.
+    Auth(TokenFrame),
+    /// A new token for the same device, extending the session.
+    Refresh(TokenFrame),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -54,6 +58,14 @@ pub struct PingFrame {
     pub ts: Option<u64>,
 }
 
+/// `auth` and `refresh`: a token (docs/protocol.md sections 3.1 and 3.3).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TokenFrame {
+    pub token: String,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
 /// Why a client frame was refused; `reference` is its `cmid`/`ref` when readable.
 #[derive(Debug)]
 pub struct FrameError {
@@ -70,6 +82,8 @@ impl ClientFrame {
             ClientFrame::Read(_) => "read",
             ClientFrame::Sync(_) => "sync",
             ClientFrame::Ping(_) => "ping",
+            ClientFrame::Auth(_) => "auth",
+            ClientFrame::Refresh(_) => "refresh",
         }
     }
 
@@ -104,6 +118,8 @@ impl ClientFrame {
             Some("read") => serde_json::from_str(text).map(ClientFrame::Read).map_err(fail),
             Some("sync") => serde_json::from_str(text).map(ClientFrame::Sync).map_err(fail),
             Some("ping") => serde_json::from_str(text).map(ClientFrame::Ping).map_err(fail),
+            Some("auth") => serde_json::from_str(text).map(ClientFrame::Auth).map_err(fail),
+            Some("refresh") => serde_json::from_str(text).map(ClientFrame::Refresh).map_err(fail),
             Some(other) => Err(FrameError { message: format!("unknown frame type {other:?}"), reference }),
             None => Err(FrameError { message: "frame has no type (t)".into(), reference }),
         }
@@ -125,6 +141,9 @@ mod frame_tests {
         let e = ClientFrame::parse(r#"{"t":"send","cmid":"a1","conv":"c"}"#).unwrap_err();
         assert_eq!(e.reference.as_deref(), Some("a1"));
         assert!(ClientFrame::parse(r#"{"t":"ack","ids":[1]}"#).is_err(), "ids are strings");
+        assert!(matches!(ClientFrame::parse(r#"{"t":"auth","token":"x"}"#), Ok(ClientFrame::Auth(_))));
+        let e = ClientFrame::parse(r#"{"t":"refresh","ref":"r9"}"#).unwrap_err();
+        assert_eq!(e.reference.as_deref(), Some("r9"), "a refresh without a token keeps its ref");
         assert!(ClientFrame::parse(r#"{"t":"dance"}"#).unwrap_err().message.contains("unknown frame type"));
         assert!(ClientFrame::parse("{nope").is_err());
         assert!(ClientFrame::parse("[]").is_err());
@@ -152,6 +171,8 @@ mod frame_tests {
                 reference: Some("r".into()),
             }),
             ClientFrame::Ping(PingFrame { ts: None }),
+            ClientFrame::Auth(TokenFrame { token: "a.b.c".into(), reference: None }),
+            ClientFrame::Refresh(TokenFrame { token: "a.b.c".into(), reference: Some("r1".into()) }),
         ];
         for f in frames {
             let text = f.to_json();

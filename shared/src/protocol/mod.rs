@@ -19,13 +19,18 @@ use serde_json::value::RawValue;
 
 use crate::ids::MsgId;
 
-pub use client::{AckFrame, ClientFrame, FrameError, PingFrame, ReadFrame, SendFrame, SyncFrame};
+pub use client::{AckFrame, ClientFrame, FrameError, PingFrame, ReadFrame, SendFrame, SyncFrame, TokenFrame};
 pub use close::CloseCode;
 pub use node::{
     read_field, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, ReadEntry, ReadPush, SendNotice,
     SendOutcome,
 };
-pub use server::{CaughtUp, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Sent, ServerFrame};
+pub use server::{
+    CaughtUp, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Refreshed, Sent, ServerFrame,
+};
+
+/// The WebSocket subprotocol naming this protocol's version (`Sec-WebSocket-Protocol`).
+pub const SUBPROTOCOL: &str = "herald.v1";
 
 /// Longest client message id.
 pub const MAX_CMID_LEN: usize = 64;

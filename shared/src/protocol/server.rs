@@ -21,6 +21,7 @@ pub enum ServerFrame {
     Pong(Pong),
     Error(ErrorFrame),
     Reconnect(Reconnect),
+    Refreshed(Refreshed),
 }
 
 /// The first frame of a session.
@@ -118,6 +119,16 @@ pub struct Reconnect {
     pub after_ms: u64,
 }
 
+/// The answer to `refresh`: the session now ends at the new token's expiry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refreshed {
+    /// The new token's `exp` (seconds since the Unix epoch, as in JWTs).
+    pub exp: u64,
+    /// The `ref` of the `refresh` (null when it had none).
+    #[serde(rename = "ref", default)]
+    pub reference: Option<String>,
+}
+
 /// Why a text could not be read as a server frame.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerFrameError {
@@ -143,6 +154,7 @@ impl ServerFrame {
             ServerFrame::Pong(_) => Pong::T,
             ServerFrame::Error(_) => ErrorFrame::T,
             ServerFrame::Reconnect(_) => Reconnect::T,
+            ServerFrame::Refreshed(_) => Refreshed::T,
         }
     }
 
@@ -177,6 +189,7 @@ impl ServerFrame {
             Pong::T => read(text, t, ServerFrame::Pong),
             ErrorFrame::T => read(text, t, ServerFrame::Error),
             Reconnect::T => read(text, t, ServerFrame::Reconnect),
+            Refreshed::T => read(text, t, ServerFrame::Refreshed),
             other => Err(ServerFrameError::Unknown(other.to_owned())),
         }
     }
@@ -222,6 +235,7 @@ frame_kind! {
     Pong => Pong, "pong";
     ErrorFrame => Error, "error";
     Reconnect => Reconnect, "reconnect";
+    Refreshed => Refreshed, "refreshed";
 }
 
 #[cfg(test)]
@@ -270,6 +284,7 @@ mod tests {
             ErrorFrame::new(ErrorCode::RateLimited, "slow down").with_ref(Some("m-2".into())).retry_after(250).into(),
             ErrorFrame::new(ErrorCode::Forbidden, "not a member").into(),
             Reconnect { after_ms: 1_234 }.into(),
+            Refreshed { exp: 1_900_000_000, reference: Some("r1".into()) }.into(),
         ]
     }
 
@@ -277,7 +292,7 @@ mod tests {
     fn every_server_frame_round_trips() {
         let frames = every_frame();
         let kinds: std::collections::BTreeSet<&str> = frames.iter().map(ServerFrame::kind).collect();
-        assert_eq!(kinds.len(), 9, "every frame type is covered: {kinds:?}");
+        assert_eq!(kinds.len(), 10, "every frame type is covered: {kinds:?}");
         for f in frames {
             let text = f.to_json();
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();

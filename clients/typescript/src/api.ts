@@ -1,0 +1,143 @@
+// The HTTP API (docs/protocol.md section 2), typed: conversations, members, history,
+// sync, reads, device registration and logout. `429 rate_limited` is retried after its
+// `Retry-After`; every other error is thrown as an [`ApiError`] with the protocol's code.
+
+import type { MessageId } from "./ids.js";
+import type { ErrorCode, WireMessage } from "./protocol.js";
+
+export interface Conversation {
+  id: string;
+  kind: "direct" | "group";
+  title: string | null;
+  members: string[];
+  last_seq: number;
+  created_at: number;
+}
+
+/** An item of the caller's conversation list, with its unread count. */
+export interface ConversationItem {
+  id: string;
+  kind: "direct" | "group";
+  title: string | null;
+  last_seq: number;
+  read_seq: number;
+  /** `last_seq - read_seq`: the caller's unread messages. */
+  unread: number;
+  joined_seq: number;
+  last_message?: WireMessage;
+}
+
+export interface Page<T> {
+  items: T[];
+}
+
+/** A refusal: the HTTP status and the protocol's error code (section 2.1). */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: ErrorCode,
+    message: string,
+  ) {
+    super(`${status} ${code}: ${message}`);
+    this.name = "ApiError";
+  }
+}
+
+export interface ApiOptions {
+  /** The gateway: `https://chat.example.com`. */
+  url: string;
+  /** A token, or a function returning a fresh one (called per request). */
+  token: string | (() => string | Promise<string>);
+  /** `fetch` (default: the global one). */
+  fetch?: typeof globalThis.fetch;
+  /** How many times a `429` is retried after its `Retry-After` (default 3). */
+  maxRetries?: number;
+}
+
+export class HeraldApi {
+  private readonly base: string;
+  private readonly fetch: typeof globalThis.fetch;
+
+  constructor(private readonly o: ApiOptions) {
+    this.base = o.url.replace(/^ws/, "http").replace(/\/+$/, "");
+    this.fetch = o.fetch ?? globalThis.fetch.bind(globalThis);
+  }
+
+  registerDevice(): Promise<{ tenant: string; user: string; device: string; platform: string }> {
+    return this.call("POST", "/v1/devices");
+  }
+
+  /** Logs this device out (its session closes with 4002). */
+  async logout(): Promise<void> {
+    await this.call("DELETE", "/v1/devices/me");
+  }
+
+  createConversation(c: { id?: string; kind: "direct" | "group"; members: string[]; title?: string | null }): Promise<Conversation> {
+    return this.call("POST", "/v1/conversations", c);
+  }
+
+  changeMembers(conv: string, change: { add?: string[]; remove?: string[] }): Promise<Conversation> {
+    return this.call("POST", `/v1/conversations/${encodeURIComponent(conv)}/members`, change);
+  }
+
+  /** One page of the caller's conversations, most recently active first, with unread counts. */
+  conversations(o: { limit?: number; cursor?: string } = {}): Promise<Page<ConversationItem> & { next_cursor?: string }> {
+    return this.call("GET", `/v1/conversations${query({ limit: o.limit, cursor: o.cursor })}`);
+  }
+
+  /** History of one conversation after `afterSeq`, in seq order. */
+  history(conv: string, o: { afterSeq?: number; limit?: number } = {}): Promise<Page<WireMessage> & { more: boolean; joined_seq: number }> {
+    return this.call("GET", `/v1/conversations/${encodeURIComponent(conv)}/messages${query({ after_seq: o.afterSeq, limit: o.limit })}`);
+  }
+
+  /** Every message of the caller's conversations with an id above `after`, settled ones only. */
+  sync(o: { after?: MessageId; limit?: number } = {}): Promise<Page<WireMessage> & { more: boolean }> {
+    return this.call("GET", `/v1/sync${query({ after: o.after, limit: o.limit })}`);
+  }
+
+  /** Moves the caller's read position (never backwards). */
+  read(conv: string, seq: number): Promise<{ conv: string; read_seq: number }> {
+    return this.call("POST", `/v1/conversations/${encodeURIComponent(conv)}/read`, { seq });
+  }
+
+  /** Sends over HTTP (the WebSocket client's `send` is usually better: it keeps an outbox). */
+  send(cmid: string, conv: string, body: unknown): Promise<{ id: MessageId; conv: string; seq: number; ts: number; dup: boolean }> {
+    return this.call("POST", "/v1/messages", { cmid, conv, body });
+  }
+
+  private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
+    const retries = this.o.maxRetries ?? 3;
+    for (let attempt = 0; ; attempt++) {
+      const token = typeof this.o.token === "string" ? this.o.token : await this.o.token();
+      const r = await this.fetch(`${this.base}${path}`, {
+        method,
+        headers: { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      if (r.status === 429 && attempt < retries) {
+        const secs = Number(r.headers.get("retry-after"));
+        await new Promise((resolve) => setTimeout(resolve, (Number.isFinite(secs) && secs > 0 ? secs : 1) * 1000));
+        continue;
+      }
+      const text = await r.text();
+      if (r.ok) return (text ? JSON.parse(text) : undefined) as T;
+      let code: ErrorCode = "internal";
+      let message = r.statusText;
+      try {
+        const e = JSON.parse(text).error;
+        code = e.code;
+        message = e.message;
+      } catch {
+        // Not the protocol's body (a proxy's page): keep the status.
+      }
+      throw new ApiError(r.status, code, message);
+    }
+  }
+}
+
+function query(params: Record<string, string | number | undefined>): string {
+  const parts = Object.entries(params)
+    .filter(([, v]) => v !== undefined)
+    .map(([k, v]) => `${k}=${encodeURIComponent(String(v))}`);
+  return parts.length ? `?${parts.join("&")}` : "";
+}

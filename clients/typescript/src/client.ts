@@ -1,0 +1,389 @@
+// A Herald device connection: the state machine (disconnected, connecting, connected,
+// closed), reconnects that follow the server's signals, liveness, batched acks, repeats
+// dropped by id, each conversation shown in seq order with gaps filled by `sync`, and
+// durable sends. docs/client.md is the behaviour every Herald client follows.
+
+import { AckBatch } from "./acks.js";
+import { Backoff } from "./backoff.js";
+import { browserEnv, watchBrowser } from "./browser.js";
+import { SeenIds } from "./dedup.js";
+import { Emitter } from "./events.js";
+import type { MessageId } from "./ids.js";
+import { Outbox, newCmid, type SendResult } from "./outbox.js";
+import { parseServerFrame, SUBPROTOCOL, tokenExpiry, tokenUser, type ClientFrame, type ServerFrame, type WireMessage } from "./protocol.js";
+import { onSessionEnd, type Hints } from "./reconnect.js";
+import { Timelines } from "./timeline.js";
+import { UnreadCounts } from "./unread.js";
+import type { ConversationItem } from "./api.js";
+import type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./options.js";
+
+export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike };
+
+const TICK_MS = 250;
+/** A connection without `hello` this long is given up. */
+const CONNECT_TIMEOUT_MS = 15_000;
+
+export class HeraldClient extends Emitter<HeraldEvents> {
+  private stateNow: ConnectionState = "disconnected";
+  private ws: WebSocketLike | null = null;
+  private readonly backoff: Backoff;
+  private readonly seen: SeenIds;
+  private readonly acked: SeenIds;
+  private readonly acks = new AckBatch();
+  private readonly outbox: Outbox;
+  private readonly timelines: Timelines;
+  private readonly unreadCounts = new UnreadCounts((conv, unread) => this.emit("unread", { conv, unread }));
+  private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket" | "browser">> & { WebSocket: WebSocketFactory };
+  private readonly unwatch: () => void;
+  private hints: Hints = {};
+  private needNewToken = false;
+  private tokenNow: string | null = null;
+  private hbMs = 25_000;
+  private lastHeard = 0;
+  private lastPing = 0;
+  private caughtUp = false;
+  private refreshAt: number | null = null;
+  private readonly syncs = new Map<string, string>();
+  private syncNo = 0;
+  /** Connections opened; picks the gateway when there are several. */
+  private connections = 0;
+  private tick: ReturnType<typeof setInterval> | null = null;
+  private ackTimer: ReturnType<typeof setTimeout> | null = null;
+  private retry: ReturnType<typeof setTimeout> | null = null;
+  private restored: Promise<unknown>;
+
+  constructor(options: HeraldOptions) {
+    super();
+    const WS = options.WebSocket ?? (globalThis as any).WebSocket;
+    if (!WS) throw new Error("no WebSocket: pass options.WebSocket (in Node, the `ws` package)");
+    this.o = {
+      autoAck: true,
+      tokenIn: "frame",
+      offerSubprotocol: true,
+      gapSyncAfterMs: 3_000,
+      sendTimeoutMs: 10_000,
+      dedupCapacity: 10_000,
+      refreshBeforeMs: 60_000,
+      ...options,
+      WebSocket: WS,
+    };
+    this.backoff = new Backoff(options.backoff);
+    this.seen = new SeenIds(this.o.dedupCapacity);
+    this.acked = new SeenIds(this.o.dedupCapacity);
+    this.outbox = new Outbox(options.outboxStorage, this.o.sendTimeoutMs);
+    this.timelines = new Timelines((m) => this.show(m));
+    this.restored = this.outbox.restore(Date.now());
+    const env = options.browser === undefined ? browserEnv() : options.browser;
+    this.unwatch = env ? watchBrowser(env, () => this.wake()) : () => {};
+  }
+
+  /** The network is back or the page visible again: reconnect now, or check the session. */
+  private wake(): void {
+    if (this.stateNow === "disconnected" && this.retry) {
+      clearTimeout(this.retry);
+      this.retry = null;
+      void this.open();
+    } else if (this.stateNow === "connected") {
+      this.lastPing = Date.now();
+      this.write({ t: "ping", ts: this.lastPing });
+    }
+  }
+
+  get state(): ConnectionState {
+    return this.stateNow;
+  }
+
+  /** Messages waiting for `sent`. */
+  get unsent(): number {
+    return this.outbox.size;
+  }
+
+  /** The highest seq shown in `conv`. */
+  shown(conv: string): number {
+    return this.timelines.shown(conv);
+  }
+
+  /** Unread messages of `conv`, kept live from a conversation list given to `seedUnread`. */
+  unread(conv: string): number {
+    return this.unreadCounts.count(conv);
+  }
+
+  /** Starts the unread counts from a conversation list (`HeraldApi.conversations()`). */
+  seedUnread(items: Pick<ConversationItem, "id" | "last_seq" | "read_seq">[]): void {
+    this.unreadCounts.seed(items);
+  }
+
+  /** Starts `conv`'s timeline after `seq` (what the app already has, or the list's `joined_seq`). */
+  startAfter(conv: string, seq: number): void {
+    this.timelines.startAfter(conv, seq);
+  }
+
+  /** Opens the connection; it is kept open (reconnecting) until `close()` or a stop signal. */
+  connect(): void {
+    if (this.stateNow === "closed") throw new Error("this client is closed; create a new one");
+    if (this.stateNow !== "disconnected" || this.retry) return;
+    void this.open();
+  }
+
+  /** Closes for good. Unsent messages stay in the outbox's storage for the next client. */
+  close(): void {
+    const ws = this.ws;
+    this.endSession();
+    ws?.close(1000, "closed by the app");
+    this.unwatch();
+    this.setState("closed", { reason: "closed" });
+  }
+
+  /** Sends a message durably: resolves once committed, `{id, seq, ts, dup}`. */
+  async send(conv: string, body: unknown, cmid: string = newCmid()): Promise<SendResult> {
+    await this.restored;
+    await this.outbox.add({ cmid, conv, body, createdAt: Date.now() }, Date.now());
+    const committed = this.outbox.wait(cmid);
+    this.pump();
+    return committed;
+  }
+
+  /** Moves the user's read position in `conv` (dropped when not connected). */
+  read(conv: string, seq: number): void {
+    this.unreadCounts.readUpTo(conv, seq);
+    this.write({ t: "read", conv, seq });
+  }
+
+  private setState(state: ConnectionState, extra: Partial<StateChange> = {}): void {
+    if (state === this.stateNow) return;
+    const previous = this.stateNow;
+    this.stateNow = state;
+    this.emit("state", { state, previous, ...extra });
+  }
+
+  private async token(reason: TokenReason): Promise<string> {
+    const t = this.o.token;
+    return typeof t === "string" ? t : await t(reason);
+  }
+
+  private async open(): Promise<void> {
+    this.setState("connecting");
+    let token: string;
+    try {
+      token = await this.token(this.needNewToken ? "expired" : "connect");
+    } catch {
+      return this.sessionEnded(null);
+    }
+    if ((this.stateNow as ConnectionState) === "closed") return;
+    this.needNewToken = false;
+    this.tokenNow = token;
+    const urls = typeof this.o.url === "string" ? [this.o.url] : this.o.url;
+    const url = urls[this.connections++ % urls.length];
+    const base = url.replace(/^http/, "ws").replace(/\/+$/, "");
+    const query = this.o.tokenIn === "query" ? `?access_token=${encodeURIComponent(token)}` : "";
+    const ws = this.o.offerSubprotocol
+      ? new this.o.WebSocket(`${base}/v1/ws${query}`, [SUBPROTOCOL])
+      : new this.o.WebSocket(`${base}/v1/ws${query}`);
+    this.ws = ws;
+    this.hints = {};
+    this.lastHeard = Date.now();
+    ws.onopen = () => {
+      if (this.o.tokenIn === "frame") this.write({ t: "auth", token });
+    };
+    ws.onmessage = (ev) => this.onText(String(ev.data));
+    ws.onclose = (ev) => {
+      if (this.ws === ws) this.sessionEnded(ev.code);
+    };
+    ws.onerror = () => {};
+    this.tick = setInterval(() => this.onTick(), TICK_MS);
+  }
+
+  /** Detaches the socket and forgets what belonged to the session. */
+  private endSession(): void {
+    if (this.tick) clearInterval(this.tick);
+    if (this.retry) clearTimeout(this.retry);
+    this.tick = this.retry = null;
+    if (this.ws) this.ws.onclose = this.ws.onmessage = this.ws.onopen = null;
+    this.ws = null;
+    this.caughtUp = false;
+    this.refreshAt = null;
+    this.syncs.clear();
+    this.outbox.sessionEnded();
+    this.timelines.sessionEnded();
+  }
+
+  private sessionEnded(code: number | null): void {
+    if (this.stateNow === "closed") return;
+    const hints = this.hints;
+    this.endSession();
+    const d = onSessionEnd(code, hints, this.backoff, typeof this.o.token === "function");
+    if (d.kind === "stop") {
+      this.setState("closed", { code: code ?? undefined, reason: d.reason });
+      return;
+    }
+    this.needNewToken ||= d.newToken;
+    this.setState("disconnected", { code: code ?? undefined });
+    this.retry = setTimeout(() => {
+      this.retry = null;
+      void this.open();
+    }, d.delayMs);
+  }
+
+  private write(f: ClientFrame): boolean {
+    if (!this.ws || (this.stateNow !== "connected" && f.t !== "auth")) return false;
+    try {
+      this.ws.send(JSON.stringify(f));
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private onTick(): void {
+    const now = Date.now();
+    if (this.stateNow === "connecting" && now - this.lastHeard > CONNECT_TIMEOUT_MS) {
+      // No hello: an upgrade or auth that went nowhere.
+      const ws = this.ws;
+      this.sessionEnded(null);
+      ws?.close(1000, "no hello");
+      return;
+    }
+    if (this.stateNow === "connected") {
+      if (now - this.lastHeard > 2 * this.hbMs) {
+        // Nothing for two heartbeats: a dead path TCP would take minutes to notice.
+        const ws = this.ws;
+        this.sessionEnded(null);
+        ws?.close(4000, "silent");
+        return;
+      }
+      if (now - this.lastPing >= this.hbMs / 2) {
+        this.lastPing = now;
+        this.write({ t: "ping", ts: now });
+      }
+      this.pump();
+      this.fillGaps(now);
+      if (this.refreshAt !== null && now >= this.refreshAt) void this.refresh();
+    }
+  }
+
+  private async refresh(): Promise<void> {
+    this.refreshAt = null;
+    try {
+      const token = await this.token("refresh");
+      if (this.write({ t: "refresh", token, ref: "refresh" })) this.tokenNow = token;
+      this.scheduleRefresh();
+    } catch {
+      // The session ends at `exp` (4001) and the next connection asks again.
+    }
+  }
+
+  private scheduleRefresh(): void {
+    const exp = this.tokenNow && typeof this.o.token === "function" ? tokenExpiry(this.tokenNow) : null;
+    this.refreshAt = exp === null ? null : Math.max(Date.now() + 1_000, exp * 1000 - this.o.refreshBeforeMs);
+  }
+
+  /** Sends what the outbox has due. */
+  private pump(): void {
+    if (this.stateNow !== "connected") return;
+    for (const e of this.outbox.due(Date.now())) this.write({ t: "send", cmid: e.cmid, conv: e.conv, body: e.body });
+  }
+
+  private fillGaps(now: number): void {
+    // After caught_up a gap is real; before it, one held long (unacked messages may keep
+    // caught_up from coming) is filled too.
+    const after = this.caughtUp ? this.o.gapSyncAfterMs : 2 * this.o.gapSyncAfterMs;
+    for (const g of this.timelines.due(now, after)) {
+      const ref = `gap-${++this.syncNo}`;
+      this.syncs.set(ref, g.conv);
+      this.write({ t: "sync", conv: g.conv, after_seq: g.afterSeq, limit: 200, ref });
+    }
+  }
+
+  private ack(id: MessageId): void {
+    this.acked.add(id);
+    this.acks.add(id, Date.now());
+    this.ackTimer ??= setTimeout(() => this.flushAcks(), this.acks.delayMs);
+  }
+
+  private flushAcks(): void {
+    this.ackTimer = null;
+    if (this.stateNow !== "connected") return;
+    for (const ids of this.acks.take(Date.now(), true)) {
+      if (!this.write({ t: "ack", ids })) this.acks.restore(ids, Date.now());
+    }
+  }
+
+  private onText(text: string): void {
+    this.lastHeard = Date.now();
+    const f = parseServerFrame(text);
+    if (f) this.onFrame(f);
+  }
+
+  private onFrame(f: ServerFrame): void {
+    switch (f.t) {
+      case "hello":
+        this.hbMs = f.hb_ms;
+        this.lastPing = Date.now();
+        this.backoff.reset();
+        this.setState("connected");
+        this.scheduleRefresh();
+        if (this.acks.size > 0) this.ackTimer ??= setTimeout(() => this.flushAcks(), 0);
+        this.pump();
+        return;
+      case "msg":
+        return this.arrive(f, true);
+      case "history":
+        if (f.joined_seq !== undefined) this.timelines.startAfter(f.conv, f.joined_seq);
+        for (const m of f.items) this.arrive(m, false);
+        if (f.ref && this.syncs.delete(f.ref)) this.timelines.synced(f.conv, f.more, Date.now(), this.o.gapSyncAfterMs);
+        return;
+      case "sent": {
+        const r: SendResult = { id: f.id, seq: f.seq, ts: f.ts, dup: f.dup };
+        this.unreadCounts.message(f.conv, f.seq);
+        void this.outbox.committed(f.cmid, r).then((mine) => mine && this.emit("sent", { ...r, cmid: f.cmid, conv: f.conv }));
+        return;
+      }
+      case "error":
+        return this.onError(f);
+      case "read":
+        if (this.tokenNow && f.user === tokenUser(this.tokenNow)) this.unreadCounts.readUpTo(f.conv, f.seq);
+        return this.emit("read", { conv: f.conv, user: f.user, seq: f.seq });
+      case "caught_up":
+        this.caughtUp = true;
+        return this.emit("caught_up", { delivered: f.delivered });
+      case "reconnect":
+        this.hints.reconnectAfterMs = f.after_ms;
+        return;
+      case "pong":
+      case "refreshed":
+        return;
+    }
+  }
+
+  private onError(f: Extract<ServerFrame, { t: "error" }>): void {
+    const ref = f.ref ?? undefined;
+    if (ref && this.outbox.has(ref)) {
+      void this.outbox.refused(ref, f.code, f.message, Date.now(), f.retry_after_ms);
+      return;
+    }
+    const conv = ref ? this.syncs.get(ref) : undefined;
+    if (ref && conv !== undefined) {
+      this.syncs.delete(ref);
+      this.timelines.synced(conv, false, Date.now(), this.o.gapSyncAfterMs);
+    }
+    if (f.code === "rate_limited" && f.retry_after_ms !== undefined && !ref) this.hints.retryAfterMs = f.retry_after_ms;
+    this.emit("error", { code: f.code, message: f.message, ref: f.ref });
+  }
+
+  /** A message pushed (`msg`) or pulled (`history`): repeats dropped, the rest shown in order. */
+  private arrive(m: WireMessage, pushed: boolean): void {
+    if (!this.seen.add(m.id)) {
+      // A repeat: acked again once the app has stored the first copy.
+      if (pushed && this.acked.has(m.id)) this.ack(m.id);
+      return;
+    }
+    if (this.o.autoAck) this.ack(m.id);
+    this.timelines.arrive(m);
+  }
+
+  private show(m: WireMessage): void {
+    this.unreadCounts.message(m.conv, m.seq);
+    const msg: Message = { ...m, ack: () => this.ack(m.id) };
+    this.emit("message", msg);
+  }
+}

@@ -1,0 +1,13 @@
+export { ApiError, HeraldApi, type ApiOptions, type Conversation, type ConversationItem, type Page } from "./api.js";
+export { HeraldClient } from "./client.js";
+export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./client.js";
+export { Backoff, type BackoffOptions } from "./backoff.js";
+export { browserEnv, watchBrowser, type BrowserEnv } from "./browser.js";
+export { SeenIds } from "./dedup.js";
+export { compareIds, isMessageId, type MessageId } from "./ids.js";
+export { IndexedDbOutboxStorage } from "./indexeddb.js";
+export { MemoryOutboxStorage, Outbox, SendRefused, newCmid, type OutboxEntry, type OutboxStorage, type SendResult } from "./outbox.js";
+export { Close, SUBPROTOCOL, parseServerFrame, tokenExpiry, tokenUser, type ClientFrame, type ErrorCode, type ServerFrame, type WireMessage } from "./protocol.js";
+export { onSessionEnd, type Decision, type Hints } from "./reconnect.js";
+export { Timelines, type Gap } from "./timeline.js";
+export { UnreadCounts } from "./unread.js";

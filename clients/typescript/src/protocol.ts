@@ -1,0 +1,145 @@
+// The wire frames of docs/protocol.md section 3, as TypeScript types, and their parsing.
+// Ids are strings on the wire, so JSON.parse keeps them exact; frames whose fields have
+// the wrong types are refused here rather than trusted.
+
+import { isMessageId, type MessageId } from "./ids.js";
+
+/** The subprotocol naming this protocol's version (`Sec-WebSocket-Protocol`). */
+export const SUBPROTOCOL = "herald.v1";
+
+/** Close codes (docs/protocol.md section 3.6). */
+export const Close = {
+  HeartbeatTimeout: 4000,
+  Unauthorized: 4001,
+  Replaced: 4002,
+  Draining: 4003,
+  Policy: 4008,
+  Protocol: 4009,
+  InternalError: 1011,
+  TryAgainLater: 1013,
+} as const;
+
+export type ErrorCode =
+  | "bad_request"
+  | "unauthorized"
+  | "forbidden"
+  | "not_found"
+  | "conflict"
+  | "too_large"
+  | "rate_limited"
+  | "unavailable"
+  | "internal";
+
+/** A committed message (`msg` frames and history items). `body` is the sender's JSON. */
+export interface WireMessage {
+  id: MessageId;
+  conv: string;
+  seq: number;
+  from: string;
+  cmid: string;
+  ts: number;
+  body: unknown;
+}
+
+export type ServerFrame =
+  | { t: "hello"; session: string; hb_ms: number; pending: number }
+  | ({ t: "msg" } & WireMessage)
+  | { t: "sent"; cmid: string; id: MessageId; conv: string; seq: number; ts: number; dup: boolean }
+  | { t: "read"; conv: string; user: string; seq: number }
+  | { t: "caught_up"; delivered: number }
+  | { t: "history"; conv: string; items: WireMessage[]; more: boolean; ref: string | null; joined_seq?: number }
+  | { t: "pong"; ts: number }
+  | { t: "error"; code: ErrorCode; message: string; ref?: string | null; retry_after_ms?: number }
+  | { t: "reconnect"; after_ms: number }
+  | { t: "refreshed"; exp: number; ref: string | null };
+
+export type ClientFrame =
+  | { t: "auth"; token: string }
+  | { t: "refresh"; token: string; ref?: string }
+  | { t: "send"; cmid: string; conv: string; body: unknown }
+  | { t: "ack"; ids: MessageId[] }
+  | { t: "read"; conv: string; seq: number }
+  | { t: "sync"; conv: string; after_seq?: number; limit?: number; ref?: string }
+  | { t: "ping"; ts?: number };
+
+const isNat = (v: unknown): v is number => typeof v === "number" && Number.isSafeInteger(v) && v >= 0;
+const isStr = (v: unknown): v is string => typeof v === "string";
+
+function isMessage(m: any): m is WireMessage {
+  return (
+    m !== null &&
+    typeof m === "object" &&
+    isMessageId(m.id) &&
+    isStr(m.conv) &&
+    isNat(m.seq) &&
+    isStr(m.from) &&
+    isStr(m.cmid) &&
+    isNat(m.ts) &&
+    "body" in m
+  );
+}
+
+/**
+ * Parses a server frame. `null` for a frame this client does not know (a newer server's:
+ * skipped, as the protocol asks) or one whose fields are malformed.
+ */
+export function parseServerFrame(text: string): ServerFrame | null {
+  let f: any;
+  try {
+    f = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  if (f === null || typeof f !== "object" || !isStr(f.t)) return null;
+  const ok = (() => {
+    switch (f.t) {
+      case "hello":
+        return isStr(f.session) && isNat(f.hb_ms) && isNat(f.pending);
+      case "msg":
+        return isMessage(f);
+      case "sent":
+        return isStr(f.cmid) && isMessageId(f.id) && isStr(f.conv) && isNat(f.seq) && isNat(f.ts) && typeof f.dup === "boolean";
+      case "read":
+        return isStr(f.conv) && isStr(f.user) && isNat(f.seq);
+      case "caught_up":
+        return isNat(f.delivered);
+      case "history":
+        return isStr(f.conv) && Array.isArray(f.items) && f.items.every(isMessage) && typeof f.more === "boolean";
+      case "pong":
+        return isNat(f.ts);
+      case "error":
+        return isStr(f.code) && isStr(f.message);
+      case "reconnect":
+        return isNat(f.after_ms);
+      case "refreshed":
+        return isNat(f.exp);
+      default:
+        return false;
+    }
+  })();
+  return ok ? (f as ServerFrame) : null;
+}
+
+/** A JWT's claims, without checking the token; `null` when unreadable. */
+function claims(token: string): any {
+  const part = token.split(".")[1];
+  if (!part) return null;
+  try {
+    const b64 = part.replace(/-/g, "+").replace(/_/g, "/");
+    return JSON.parse(globalThis.atob(b64 + "===".slice((b64.length + 3) % 4)));
+  } catch {
+    return null;
+  }
+}
+
+/** The `exp` claim (seconds) of a JWT, without checking it; `null` when unreadable. */
+export function tokenExpiry(token: string): number | null {
+  const exp = claims(token)?.exp;
+  return isNat(exp) ? exp : null;
+}
+
+/** The `sub` claim (the user) of a JWT, without checking it; `null` when unreadable. */
+export function tokenUser(token: string): string | null {
+  const sub = claims(token)?.sub;
+  return isStr(sub) ? sub : null;
+}

@@ -1,0 +1,49 @@
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { ApiError, HeraldApi } from "../../src/index.js";
+
+function fakeFetch(answers: Array<{ status: number; body?: unknown; headers?: Record<string, string> }>) {
+  const calls: Array<{ url: string; init: any }> = [];
+  const fetch = async (url: any, init: any) => {
+    calls.push({ url: String(url), init });
+    const a = answers.shift()!;
+    return new Response(a.body === undefined ? null : JSON.stringify(a.body), { status: a.status, headers: a.headers });
+  };
+  return { fetch: fetch as typeof globalThis.fetch, calls };
+}
+
+afterEach(() => vi.useRealTimers());
+
+describe("the HTTP API client", () => {
+  it("calls the documented paths with the bearer token and parses the answer", async () => {
+    const { fetch, calls } = fakeFetch([{ status: 200, body: { items: [{ id: "c1", unread: 3 }] } }, { status: 200, body: { conv: "c 1", read_seq: 4 } }]);
+    const api = new HeraldApi({ url: "https://chat.example.com/", token: () => "tok", fetch });
+    expect((await api.conversations({ limit: 10 })).items[0].unread).toBe(3);
+    expect(await api.read("c 1", 4)).toEqual({ conv: "c 1", read_seq: 4 });
+    expect(calls[0].url).toBe("https://chat.example.com/v1/conversations?limit=10");
+    expect(calls[0].init.headers.authorization).toBe("Bearer tok");
+    expect(calls[1]).toMatchObject({ url: "https://chat.example.com/v1/conversations/c%201/read", init: { method: "POST", body: '{"seq":4}' } });
+  });
+
+  it("waits out 429 with Retry-After, then gives up with the protocol's error", async () => {
+    vi.useFakeTimers();
+    const limited = { status: 429, body: { error: { code: "rate_limited", message: "slow down" } }, headers: { "retry-after": "2" } };
+    const { fetch, calls } = fakeFetch([limited, { status: 200, body: { tenant: "t" } }, limited, limited]);
+    const api = new HeraldApi({ url: "http://gw", token: "tok", fetch, maxRetries: 1 });
+    const ok = api.registerDevice();
+    await vi.advanceTimersByTimeAsync(1_999);
+    expect(calls).toHaveLength(1);
+    await vi.advanceTimersByTimeAsync(1);
+    await expect(ok).resolves.toEqual({ tenant: "t" });
+    const refused = api.registerDevice().catch((e) => e);
+    await vi.advanceTimersByTimeAsync(2_000);
+    const e = await refused;
+    expect(e).toBeInstanceOf(ApiError);
+    expect(e).toMatchObject({ status: 429, code: "rate_limited" });
+  });
+
+  it("throws other errors at once, with their code", async () => {
+    const { fetch } = fakeFetch([{ status: 403, body: { error: { code: "forbidden", message: "not a member" } } }]);
+    const api = new HeraldApi({ url: "http://gw", token: "tok", fetch });
+    await expect(api.history("c", { afterSeq: 5 })).rejects.toMatchObject({ status: 403, code: "forbidden" });
+  });
+});
