@@ -252,6 +252,9 @@ def expected_tls(values):
                 env[c][f"HERALD_REDIS__TLS_{var}_FILE"] = TLS_ROOT + "redis-client/" + name
         if mysql["caSecret"]:
             files[c][TLS_ROOT + "mysql/ca.crt"] = (mysql["caSecret"], mysql["caKey"])
+        if mysql["clientSecret"]:
+            for name in ("tls.crt", "tls.key"):
+                files[c][TLS_ROOT + "mysql-client/" + name] = (mysql["clientSecret"], name)
     if gw["enabled"]:
         for name, var in (("tls.crt", "CERT"), ("tls.key", "KEY")):
             files["gateway"][TLS_ROOT + "gateway/" + name] = (gw["existingSecret"], name)
@@ -295,7 +298,7 @@ def tls(rendered, values_paths):
     for doc in docs:
         if doc["kind"] == "Secret":
             mysql_url = (doc.get("stringData") or {}).get("mysql-url", mysql_url)
-    mysql_ca = re.search(r"[?&]ssl-ca=([^&]+)", mysql_url)
+    mysql_files = re.findall(r"[?&]ssl-(?:ca|cert|key)=([^&]+)", mysql_url)
     seen = set()
     for doc in docs:
         for name, spec in pod_specs(doc):
@@ -320,8 +323,9 @@ def tls(rendered, values_paths):
                 for var, path in tls_env.items():
                     if path not in found:
                         fail(f"{where}: {var} names {path}, which is not mounted")
-                if mysql_ca and component in BACKEND and mysql_ca.group(1) not in found:
-                    fail(f"{where}: the MySQL URL's ssl-ca {mysql_ca.group(1)} is not mounted")
+                for path in mysql_files if component in BACKEND else []:
+                    if path not in found:
+                        fail(f"{where}: the MySQL URL names {path}, which is not mounted")
                 if component in ("probe", "test"):
                     args = c.get("command") or []
                     url = arg_after(args, "--gateways") or ""

@@ -120,7 +120,7 @@ gateway:
 YAML
 cat > "$out/tls-hook.yaml" <<'YAML'
 migrations: {mode: hook}
-mysql: {tls: {caSecret: mysql-ca, caKey: bundle.pem}}
+mysql: {tls: {caSecret: mysql-ca, caKey: bundle.pem, clientSecret: mysql-client}}
 redis: {tls: {caSecret: redis-ca, clientSecret: redis-client}}
 gateway: {tls: {enabled: true, existingSecret: gateway-tls}}
 YAML

@@ -230,6 +230,14 @@ minAvailable: {{ .minAvailable }}
     items:
       - {key: {{ $v.mysql.tls.caKey | quote }}, path: ca.crt}
 {{- end }}
+{{- with $v.mysql.tls.clientSecret }}
+- name: tls-mysql-client
+  secret:
+    secretName: {{ . }}
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
 {{- end -}}
 {{- end -}}
 
@@ -252,6 +260,9 @@ minAvailable: {{ .minAvailable }}
 {{- end }}
 {{- if $v.mysql.tls.caSecret }}
 - {name: tls-mysql-ca, mountPath: /etc/herald/tls/mysql, readOnly: true}
+{{- end }}
+{{- if $v.mysql.tls.clientSecret }}
+- {name: tls-mysql-client, mountPath: /etc/herald/tls/mysql-client, readOnly: true}
 {{- end }}
 {{- end -}}
 {{- end -}}
