@@ -9,6 +9,11 @@
                                                   of the rendered alerts; writes OUT, a
                                                   promtool rule file without annotations
     chart-checks.py covers VALUES.yaml PATHS      VALUES sets every path listed in PATHS
+    chart-checks.py tls RENDERED.yaml [VALUES.yaml...]
+                                                  the TLS Secrets, mounts, env and URLs
+                                                  the values (chart defaults, then each
+                                                  VALUES) ask for, in every pod, and no
+                                                  others
 """
 import json
 import re
@@ -209,6 +214,145 @@ def covers(values_path, paths_path):
             node = node[key]
 
 
+# --- TLS values -------------------------------------------------------------------------
+
+TLS_ROOT = "/etc/herald/tls/"
+# The Herald container of each component (sidecars are the user's).
+HERALD_CONTAINERS = {"gateway": "gateway", "worker": "worker", "migrations": "migrate",
+                     "probe": "probe", "test": "probe"}
+BACKEND = ("gateway", "worker", "migrations")
+
+
+def merged_values(paths):
+    def merge(base, over):
+        for key, value in (over or {}).items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+        return base
+    values = yaml.safe_load((ROOT / "helm/herald/values.yaml").read_text())
+    for path in paths:
+        merge(values, yaml.safe_load(Path(path).read_text()))
+    return values
+
+
+def expected_tls(values):
+    """Per component: {file: (secret, key)} mounted and {variable: file} set."""
+    gw, redis, mysql = values["gateway"]["tls"], values["redis"]["tls"], values["mysql"]["tls"]
+    files = {c: {} for c in HERALD_CONTAINERS}
+    env = {c: {} for c in HERALD_CONTAINERS}
+    for c in BACKEND:
+        if redis["caSecret"]:
+            files[c][TLS_ROOT + "redis-ca/ca.crt"] = (redis["caSecret"], redis["caKey"])
+            env[c]["HERALD_REDIS__TLS_CA_FILE"] = TLS_ROOT + "redis-ca/ca.crt"
+        if redis["clientSecret"]:
+            for name, var in (("tls.crt", "CERT"), ("tls.key", "KEY")):
+                files[c][TLS_ROOT + "redis-client/" + name] = (redis["clientSecret"], name)
+                env[c][f"HERALD_REDIS__TLS_{var}_FILE"] = TLS_ROOT + "redis-client/" + name
+        if mysql["caSecret"]:
+            files[c][TLS_ROOT + "mysql/ca.crt"] = (mysql["caSecret"], mysql["caKey"])
+        if mysql["clientSecret"]:
+            for name in ("tls.crt", "tls.key"):
+                files[c][TLS_ROOT + "mysql-client/" + name] = (mysql["clientSecret"], name)
+    if gw["enabled"]:
+        for name, var in (("tls.crt", "CERT"), ("tls.key", "KEY")):
+            files["gateway"][TLS_ROOT + "gateway/" + name] = (gw["existingSecret"], name)
+            env["gateway"][f"HERALD_GATEWAY__TLS_{var}_FILE"] = TLS_ROOT + "gateway/" + name
+        if gw["caKey"]:
+            for c in ("probe", "test"):
+                files[c][TLS_ROOT + "gateway-ca/ca.crt"] = (gw["existingSecret"], gw["caKey"])
+    return files, env
+
+
+def mounted_files(where, spec, container):
+    """{file: (secret, key)} of the TLS mounts of a container; fails writable ones."""
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    found = {}
+    for mount in container.get("volumeMounts") or []:
+        path = mount["mountPath"].rstrip("/") + "/"
+        if not path.startswith(TLS_ROOT):
+            continue
+        if mount.get("readOnly") is not True:
+            fail(f"{where}: {mount['mountPath']} is not mounted readOnly")
+        secret = (volumes.get(mount["name"]) or {}).get("secret")
+        if not secret:
+            fail(f"{where}: {mount['mountPath']} is not a Secret volume")
+            continue
+        if not secret.get("items"):
+            fail(f"{where}: Secret {secret.get('secretName')} is mounted without items (every key)")
+        for item in secret.get("items") or []:
+            found[path + item["path"]] = (secret["secretName"], item["key"])
+    return found
+
+
+def arg_after(args, flag):
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def tls(rendered, values_paths):
+    values = merged_values(values_paths)
+    files, env = expected_tls(values)
+    docs = [d for d in yaml.safe_load_all(Path(rendered).read_text()) if d]
+    mysql_url = ""
+    for doc in docs:
+        if doc["kind"] == "Secret":
+            mysql_url = (doc.get("stringData") or {}).get("mysql-url", mysql_url)
+    mysql_files = re.findall(r"[?&]ssl-(?:ca|cert|key)=([^&]+)", mysql_url)
+    seen = set()
+    for doc in docs:
+        for name, spec in pod_specs(doc):
+            labels = (doc["metadata"] if doc["kind"] == "Pod" else doc["spec"]["template"]["metadata"])["labels"]
+            component = labels.get("app.kubernetes.io/component")
+            if component not in HERALD_CONTAINERS:
+                continue
+            seen.add(component)
+            for c in spec["containers"]:
+                where = f"{doc['kind']} {name}/{c['name']}"
+                if c["name"] != HERALD_CONTAINERS[component]:
+                    if mounted_files(where, spec, c):
+                        fail(f"{where}: a sidecar mounts Herald's TLS Secrets")
+                    continue
+                found = mounted_files(where, spec, c)
+                if found != files[component]:
+                    fail(f"{where}: TLS files {found}, expected {files[component]}")
+                tls_env = {e["name"]: e.get("value") for e in c.get("env") or []
+                           if "TLS" in e["name"] or str(e.get("value", "")).startswith(TLS_ROOT)}
+                if tls_env != env[component]:
+                    fail(f"{where}: TLS env {tls_env}, expected {env[component]}")
+                for var, path in tls_env.items():
+                    if path not in found:
+                        fail(f"{where}: {var} names {path}, which is not mounted")
+                for path in mysql_files if component in BACKEND else []:
+                    if path not in found:
+                        fail(f"{where}: the MySQL URL names {path}, which is not mounted")
+                if component in ("probe", "test"):
+                    args = c.get("command") or []
+                    url = arg_after(args, "--gateways") or ""
+                    scheme = "https://" if values["gateway"]["tls"]["enabled"] else "http://"
+                    if not url.startswith(scheme):
+                        fail(f"{where}: --gateways {url} does not start with {scheme}")
+                    ca = arg_after(args, "--ca-file")
+                    want = next(iter(files[component]), None)
+                    if ca != want:
+                        fail(f"{where}: --ca-file {ca}, expected {want}")
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    check = (c.get(probe) or {}).get("httpGet")
+                    if check and check.get("scheme", "HTTP") != "HTTP":
+                        fail(f"{where}: {probe} is not plain HTTP on the admin port")
+        if doc["kind"] == "Ingress":
+            annotations = doc["metadata"].get("annotations") or {}
+            protocol = annotations.get("nginx.ingress.kubernetes.io/backend-protocol")
+            users = values["gateway"]["ingress"]["annotations"].get("nginx.ingress.kubernetes.io/backend-protocol")
+            want = users or ("HTTPS" if values["gateway"]["tls"]["enabled"] else None)
+            if protocol != want:
+                fail(f"Ingress {doc['metadata']['name']}: backend-protocol {protocol}, expected {want}")
+    for component in ("gateway", "worker"):
+        if component not in seen:
+            fail(f"{rendered}: no {component} pod")
+    return len(seen)
+
+
 def main():
     command, args = sys.argv[1], sys.argv[2:]
     if command == "restricted":
@@ -217,6 +361,8 @@ def main():
         print(f"{dashboard(args[0])} dashboard queries checked")
     elif command == "rules":
         print(f"{rules(args[0], args[1])} alerts checked")
+    elif command == "tls":
+        print(f"{tls(args[0], args[1:])} components' TLS files, env and URLs checked")
     elif command == "covers":
         covers(args[0], args[1])
     else:

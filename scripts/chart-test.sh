@@ -5,6 +5,9 @@
 #   against the Kubernetes schemas (kubernetes-validate);
 # - rendering without a JWT secret fails with its message; a bad values file is refused
 #   by values.schema.json; two renders are identical (GitOps tools see no drift);
+# - the TLS values: each Secret mounted read-only, with the env and the probe's URL and
+#   CA file, in every pod that reads it and no other; nothing TLS with the defaults;
+#   gateway TLS without its Secret fails with its message; unknown keys are refused;
 # - every pod spec and container carries the Pod Security "restricted" fields, and the
 #   Dockerfile runs as the chart's user with pinned bases (scripts/image-check.py);
 # - the chart README's values table is the one generated from values.yaml;
@@ -75,6 +78,21 @@ if "$helm" template herald "$chart" "${required[@]}" --set migrations.mode=hook 
 fi
 grep -q "needs secrets.existingSecret" "$out/hook.err" || { cat "$out/hook.err" >&2; exit 1; }
 
+log "gateway.tls.enabled without its Secret fails with its message"
+if "$helm" template herald "$chart" "${required[@]}" --set gateway.tls.enabled=true > /dev/null 2> "$out/tls.err"; then
+  echo "gateway.tls.enabled rendered without gateway.tls.existingSecret" >&2
+  exit 1
+fi
+grep -q "gateway.tls.enabled needs gateway.tls.existingSecret" "$out/tls.err" || { cat "$out/tls.err" >&2; exit 1; }
+log "values.schema.json refuses unknown keys under the TLS values"
+for key in gateway.tls.secretName redis.tls.caFile mysql.tls.sslMode; do
+  if "$helm" template herald "$chart" "${required[@]}" --set "$key=x" > /dev/null 2> "$out/tls-key.err"; then
+    echo "values.schema.json accepted $key" >&2
+    exit 1
+  fi
+  grep -q "additional properties '${key##*.}' not allowed" "$out/tls-key.err" || { cat "$out/tls-key.err" >&2; exit 1; }
+done
+
 log "helm template: required values, production-like values, every value set"
 "$helm" template herald "$chart" "${required[@]}" > "$out/default.yaml"
 "$helm" template herald "$chart" -f "$chart/ci/production-values.yaml" "${operator[@]}" > "$out/production.yaml"
@@ -83,6 +101,33 @@ log "helm template: required values, production-like values, every value set"
 "$helm" template herald "$chart" "${required[@]}" --set migrations.mode=none \
   --set serviceAccount.create=false > "$out/none.yaml"
 "$helm" template herald "$chart" -f "$chart/ci/all-values.yaml" "${operator[@]}" > "$out/all.yaml"
+# TLS one piece at a time: the Redis CA alone; the MySQL CA, a Redis client certificate and
+# gateway TLS trusting the system's roots, behind an ingress that sets its own backend
+# protocol; everything on the production values with the migrations as a hook.
+cat > "$out/tls-redis.yaml" <<'YAML'
+redis: {url: "rediss://redis.db:6380/0", tls: {caSecret: redis-ca}}
+YAML
+cat > "$out/tls-mixed.yaml" <<'YAML'
+mysql:
+  url: "mysql://herald:pw@mysql.db:3306/herald?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/herald/tls/mysql/ca.crt"
+  tls: {caSecret: mysql-ca}
+redis: {url: "rediss://redis.db:6380/0", tls: {clientSecret: redis-client}}
+gateway:
+  tls: {enabled: true, existingSecret: gateway-tls, caKey: ""}
+  ingress:
+    enabled: true
+    annotations: {nginx.ingress.kubernetes.io/backend-protocol: GRPCS}
+YAML
+cat > "$out/tls-hook.yaml" <<'YAML'
+migrations: {mode: hook}
+mysql: {tls: {caSecret: mysql-ca, caKey: bundle.pem, clientSecret: mysql-client}}
+redis: {tls: {caSecret: redis-ca, clientSecret: redis-client}}
+gateway: {tls: {enabled: true, existingSecret: gateway-tls}}
+YAML
+"$helm" template herald "$chart" "${required[@]}" -f "$out/tls-redis.yaml" > "$out/tls-redis.render.yaml"
+"$helm" template herald "$chart" "${required[@]}" -f "$out/tls-mixed.yaml" > "$out/tls-mixed.render.yaml"
+"$helm" template herald "$chart" -f "$chart/ci/production-values.yaml" "${operator[@]}" \
+  -f "$out/tls-hook.yaml" > "$out/tls-hook.render.yaml"
 for kind in Deployment HorizontalPodAutoscaler PodDisruptionBudget Job Ingress ServiceMonitor \
   PrometheusRule ConfigMap NetworkPolicy ServiceAccount Pod; do
   grep -q "^kind: $kind$" "$out/production.yaml" || { echo "production render lacks a $kind" >&2; exit 1; }
@@ -110,8 +155,22 @@ PY
   then echo "$f: a ConfigMap holds a URL or a secret" >&2; exit 1; fi
 done
 
+log "TLS: Secrets mounted read-only, env and probe URLs in every pod that needs them, only there"
+"$py" scripts/chart-checks.py tls "$out/default.yaml"
+"$py" scripts/chart-checks.py tls "$out/production.yaml" "$chart/ci/production-values.yaml"
+"$py" scripts/chart-checks.py tls "$out/none.yaml"
+"$py" scripts/chart-checks.py tls "$out/all.yaml" "$chart/ci/all-values.yaml"
+"$py" scripts/chart-checks.py tls "$out/tls-redis.render.yaml" "$out/tls-redis.yaml"
+"$py" scripts/chart-checks.py tls "$out/tls-mixed.render.yaml" "$out/tls-mixed.yaml"
+"$py" scripts/chart-checks.py tls "$out/tls-hook.render.yaml" "$chart/ci/production-values.yaml" "$out/tls-hook.yaml"
+if grep -q "/etc/herald/tls\|_TLS_\|--ca-file\|wss://\|backend-protocol" "$out/default.yaml" "$out/production.yaml"; then
+  echo "a render without TLS values has TLS mounts, env or URLs" >&2
+  exit 1
+fi
+
 log "two renders are identical"
-for values in "${required[*]}" "-f $chart/ci/production-values.yaml" "-f $chart/ci/all-values.yaml"; do
+for values in "${required[*]}" "-f $chart/ci/production-values.yaml" "-f $chart/ci/all-values.yaml" \
+  "-f $chart/ci/production-values.yaml -f $out/tls-hook.yaml"; do
   # shellcheck disable=SC2086 # word splitting of the options is meant
   "$helm" template herald "$chart" $values "${operator[@]}" > "$out/a.yaml"
   # shellcheck disable=SC2086
@@ -121,11 +180,13 @@ done
 
 log "kubernetes-validate (strict, Kubernetes 1.30)"
 "$validate" --strict --quiet -k 1.30.0 "$out/default.yaml" "$out/production.yaml" \
-  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml"
+  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml" \
+  "$out"/tls-*.render.yaml
 
 log "Pod Security \"restricted\" fields on every pod and container"
 "$py" scripts/chart-checks.py restricted "$out/default.yaml" "$out/production.yaml" \
-  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml"
+  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml" \
+  "$out"/tls-*.render.yaml
 
 log "the image: pinned bases, the chart's user, OCI labels (no Docker engine needed)"
 "$py" scripts/image-check.py

@@ -108,6 +108,7 @@ securityContext:
     secretKeyRef:
       name: {{ include "herald.secretName" . }}
       key: redis-url
+{{- include "herald.redisTlsEnv" . }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -137,5 +138,131 @@ topologySpreadConstraints:
 maxUnavailable: {{ .maxUnavailable }}
 {{- else -}}
 minAvailable: {{ .minAvailable }}
+{{- end -}}
+{{- end -}}
+
+{{/* TLS files: every Secret is mounted read-only under /etc/herald/tls, at paths that do
+     not depend on the Secret's key names (docs/operations.md, "TLS"). */}}
+
+{{/* The gateway's certificate Secret when gateway TLS is on, else empty. */}}
+{{- define "herald.gatewayTlsSecret" -}}
+{{- if .Values.gateway.tls.enabled -}}
+{{- if not .Values.gateway.tls.existingSecret -}}
+{{- fail "gateway.tls.enabled needs gateway.tls.existingSecret: a kubernetes.io/tls Secret with tls.crt and tls.key (cert-manager's, for instance). The chart does not create certificates." -}}
+{{- end -}}
+{{- .Values.gateway.tls.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The gateway's URL inside the cluster, for the probe and the helm test: with gateway TLS
+     the name the certificate must carry. */}}
+{{- define "herald.gatewayUrl" -}}
+{{- if include "herald.gatewayTlsSecret" . -}}
+{{- printf "https://%s-gateway.%s.svc:%v" (include "herald.fullname" .) .Release.Namespace .Values.gateway.service.port -}}
+{{- else -}}
+{{- printf "http://%s-gateway:%v" (include "herald.fullname" .) .Values.gateway.service.port -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The CA file the probe and the helm test trust for the gateway, when one is mounted. */}}
+{{- define "herald.gatewayCaFile" -}}
+{{- if and (include "herald.gatewayTlsSecret" .) .Values.gateway.tls.caKey -}}
+/etc/herald/tls/gateway-ca/ca.crt
+{{- end -}}
+{{- end -}}
+
+{{/* TLS environment of the processes that talk to Redis (gateway, worker, migrations). */}}
+{{- define "herald.redisTlsEnv" -}}
+{{- with .Values.redis.tls.caSecret }}
+- name: HERALD_REDIS__TLS_CA_FILE
+  value: /etc/herald/tls/redis-ca/ca.crt
+{{- end }}
+{{- with .Values.redis.tls.clientSecret }}
+- name: HERALD_REDIS__TLS_CERT_FILE
+  value: /etc/herald/tls/redis-client/tls.crt
+- name: HERALD_REDIS__TLS_KEY_FILE
+  value: /etc/herald/tls/redis-client/tls.key
+{{- end }}
+{{- end -}}
+
+{{/* TLS volumes of one pod: call with (dict "ctx" . "component" "gateway"); components
+     gateway, worker, migrations (Redis and MySQL) and probe (the gateway's CA). */}}
+{{- define "herald.tlsVolumes" -}}
+{{- $v := .ctx.Values -}}
+{{- if eq .component "probe" -}}
+{{- if include "herald.gatewayCaFile" .ctx }}
+- name: tls-gateway-ca
+  secret:
+    secretName: {{ include "herald.gatewayTlsSecret" .ctx }}
+    items:
+      - {key: {{ $v.gateway.tls.caKey | quote }}, path: ca.crt}
+{{- end }}
+{{- else -}}
+{{- if eq .component "gateway" }}
+{{- with include "herald.gatewayTlsSecret" .ctx }}
+- name: tls-gateway
+  secret:
+    secretName: {{ . }}
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
+{{- end }}
+{{- with $v.redis.tls.caSecret }}
+- name: tls-redis-ca
+  secret:
+    secretName: {{ . }}
+    items:
+      - {key: {{ $v.redis.tls.caKey | quote }}, path: ca.crt}
+{{- end }}
+{{- with $v.redis.tls.clientSecret }}
+- name: tls-redis-client
+  secret:
+    secretName: {{ . }}
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
+{{- with $v.mysql.tls.caSecret }}
+- name: tls-mysql-ca
+  secret:
+    secretName: {{ . }}
+    items:
+      - {key: {{ $v.mysql.tls.caKey | quote }}, path: ca.crt}
+{{- end }}
+{{- with $v.mysql.tls.clientSecret }}
+- name: tls-mysql-client
+  secret:
+    secretName: {{ . }}
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The mounts of herald.tlsVolumes, all read-only; same arguments. */}}
+{{- define "herald.tlsVolumeMounts" -}}
+{{- $v := .ctx.Values -}}
+{{- if eq .component "probe" -}}
+{{- if include "herald.gatewayCaFile" .ctx }}
+- {name: tls-gateway-ca, mountPath: /etc/herald/tls/gateway-ca, readOnly: true}
+{{- end }}
+{{- else -}}
+{{- if and (eq .component "gateway") (include "herald.gatewayTlsSecret" .ctx) }}
+- {name: tls-gateway, mountPath: /etc/herald/tls/gateway, readOnly: true}
+{{- end }}
+{{- if $v.redis.tls.caSecret }}
+- {name: tls-redis-ca, mountPath: /etc/herald/tls/redis-ca, readOnly: true}
+{{- end }}
+{{- if $v.redis.tls.clientSecret }}
+- {name: tls-redis-client, mountPath: /etc/herald/tls/redis-client, readOnly: true}
+{{- end }}
+{{- if $v.mysql.tls.caSecret }}
+- {name: tls-mysql-ca, mountPath: /etc/herald/tls/mysql, readOnly: true}
+{{- end }}
+{{- if $v.mysql.tls.clientSecret }}
+- {name: tls-mysql-client, mountPath: /etc/herald/tls/mysql-client, readOnly: true}
+{{- end }}
 {{- end -}}
 {{- end -}}
