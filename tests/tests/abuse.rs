@@ -264,10 +264,26 @@ async fn group_and_body_sizes_are_enforced() {
     let e = alice.send("big", "g", &body_of(1025)).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::TooLarge), "{e}");
     let huge = serde_json::to_vec(&json!({"cmid": "huge", "conv": "g", "body": body_of(64 * 1024)})).unwrap();
-    let (status, v) = alice.post_raw("/v1/messages", huge.clone()).await.unwrap();
-    assert_eq!((status, v["error"]["code"].as_str()), (413, Some("too_large")), "{v}");
-    let (status, v) = alice.post_raw("/v1/conversations", huge).await.unwrap();
-    assert_eq!((status, v["error"]["code"].as_str()), (413, Some("too_large")), "{v}");
+    // Refused before the body is read, so the connection cannot be used again: the
+    // answer says so (`Connection: close`), or the client's next request on it fails.
+    for _ in 0..20 {
+        for path in ["/v1/messages", "/v1/conversations"] {
+            let (status, v) = alice.post_raw(path, huge.clone()).await.unwrap();
+            assert_eq!((status, v["error"]["code"].as_str()), (413, Some("too_large")), "{v}");
+        }
+    }
+    let mut raw = tokio::net::TcpStream::connect(c.gateways[0].listen()).await.unwrap();
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        c.token("alice", "a1"),
+        huge.len()
+    );
+    raw.write_all(head.as_bytes()).await.unwrap();
+    raw.write_all(&huge[..8 * 1024]).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(WAIT, raw.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 413") && answer.contains("\r\nconnection: close\r\n"), "{answer}");
 
     // WebSocket frames: a body over the limit is too_large (with its cmid), and so is a
     // frame over the frame limit; the session stays open.

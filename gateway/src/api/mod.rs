@@ -106,6 +106,12 @@ async fn protocol_error_body(resp: axum::response::Response) -> axum::response::
     if let Some(retry) = resp.headers().get(axum::http::header::RETRY_AFTER) {
         out.headers_mut().insert(axum::http::header::RETRY_AFTER, retry.clone());
     }
+    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        // Refused before the body was read: the server closes the connection after
+        // answering, so the client is told not to send its next request on it (else it
+        // may, and fail with an incomplete message).
+        out.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
     out
 }
 
