@@ -207,11 +207,7 @@ where
                 End::Close(CloseCode::InternalError, "dependency unavailable")
             }
         };
-        let why = match &end {
-            End::Close(code, _) => code.name(),
-            End::Gone => "client_gone",
-        };
-        metrics::counter!("herald_sessions_closed_total", "reason" => why).increment(1);
+        metrics::counter!("herald_sessions_closed_total", "reason" => end.reason()).increment(1);
         if let End::Close(code, reason) = end {
             let close = Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }));
             // Bounded: a stalled peer does not get the write deadline again.
@@ -345,11 +341,8 @@ where
             ClientFrame::Read(r) => self.on_read(r).await,
             ClientFrame::Refresh(f) => self.on_refresh(f).await,
             ClientFrame::Auth(f) => {
-                self.protocol_error(
-                    f.reference,
-                    "auth must be the first frame, and only without a token at the upgrade",
-                )
-                .await
+                let why = "auth must be the first frame, and only without a token at the upgrade";
+                self.protocol_error(f.reference, why).await
             }
         }
     }

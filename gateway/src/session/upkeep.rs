@@ -107,3 +107,14 @@ where
         }
     }
 }
+
+impl End {
+    /// The `reason` label of `herald_sessions_closed_total`: the close code's name, or
+    /// `client_gone`.
+    pub(super) fn reason(&self) -> &'static str {
+        match self {
+            End::Close(code, _) => code.name(),
+            End::Gone => "client_gone",
+        }
+    }
+}
