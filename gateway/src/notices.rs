@@ -26,7 +26,12 @@ pub async fn subscribe(
     client.init().await.map_err(|e| herald_shared::redis::connect_error(redis_url, e))?;
     // Re-subscribes after every reconnect; the task lives as long as the client.
     drop(client.manage_subscriptions());
-    client.subscribe(channel).await?;
+    // Sharded in a cluster, as workers publish there (`publish_to_node`).
+    if client.is_clustered() {
+        client.ssubscribe(channel).await?;
+    } else {
+        client.subscribe(channel).await?;
+    }
     Ok(client)
 }
 

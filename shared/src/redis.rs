@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fred::interfaces::{ClusterInterface, ConfigInterface};
+use fred::interfaces::{ClusterInterface, ConfigInterface, PubsubInterface};
 use fred::prelude::*;
 use fred::types::config::{ReconnectPolicy, TlsConfig, TlsHostMapping, UnresponsiveConfig};
 
@@ -64,6 +64,19 @@ pub fn builder(url: &str, tls: &ClientTls, command_timeout: Duration) -> Result<
     })
     .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2));
     Ok(b)
+}
+
+/// Publishes `payload` on a gateway's node channel (or queues it, on a pipeline). In a
+/// cluster it is a sharded publish (SPUBLISH, Redis 7 and later): the message goes to
+/// the masters of the channel's shard only, where a PUBLISH travels the cluster bus to
+/// every master. Standalone Redis gets PUBLISH. The gateway subscribes to match
+/// (SSUBSCRIBE in a cluster).
+pub async fn publish_to_node<C: PubsubInterface>(client: &C, channel: String, payload: String) -> Result<(), Error> {
+    if client.is_clustered() {
+        client.spublish::<(), _, _>(channel, payload).await
+    } else {
+        client.publish::<(), _, _>(channel, payload).await
+    }
 }
 
 /// A connected pool for ordinary (non-blocking) commands.

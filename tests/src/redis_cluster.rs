@@ -147,6 +147,19 @@ impl RedisCluster {
         assert!(out.contains("OK"), "FLUSHALL: {out}");
     }
 
+    /// Calls of `command` (lower case, as INFO names it) on every master together.
+    pub fn calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.ports()
+            .into_iter()
+            .map(|port| {
+                let stats = self.cli_text(port, &["info", "commandstats"]);
+                let line = stats.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+                line.and_then(|l| l.split(',').next()).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
+            })
+            .sum()
+    }
+
     /// The hash slot of `key` (CLUSTER KEYSLOT).
     pub fn slot_of(&self, key: &str) -> u16 {
         self.cli_text(self.nodes[0].port, &["cluster", "keyslot", key]).trim().parse().expect("CLUSTER KEYSLOT answers")

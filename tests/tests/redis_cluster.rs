@@ -1,5 +1,6 @@
 //! Herald unchanged against a private 3-master Redis Cluster (`redis-cluster://` URL):
-//! the send path, fan-out over pub/sub to two gateways, paged backlog, reads and kicks.
+//! the send path, fan-out over sharded pub/sub to two gateways, paged backlog, reads and
+//! kicks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -187,6 +188,11 @@ async fn delivery_fans_out_over_two_gateways_on_redis_cluster() {
     let (_, _, id, _, _) = &sent[0];
     let frame = rc.cli_follow(&["get", &keys.message(herald_shared::ids::MsgId(*id))]);
     assert!(frame.contains(&format!("\"{id}\"")), "frame of {id} readable through the cluster: {frame}");
+
+    // Node channels are sharded: a message to a gateway goes to its channel's shard, not
+    // over the cluster bus to every master.
+    assert!(rc.calls("spublish") > 0, "answers, pushes, reads and kicks are SPUBLISHed");
+    assert_eq!(rc.calls("publish"), 0, "no PUBLISH reaches the cluster");
 
     second.close().await;
     for d in devices {

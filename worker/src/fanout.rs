@@ -222,7 +222,7 @@ impl Fanout {
                     env.deliver.push(Delivery { id, frame, to });
                 }
                 let payload = serde_json::to_string(&env).expect("envelope serializes");
-                let _: () = pipe.publish(self.keys.node_channel(&node), payload).await?;
+                herald_shared::redis::publish_to_node(&pipe, self.keys.node_channel(&node), payload).await?;
             }
             let _: Vec<Value> = pipe.all().await?;
         }

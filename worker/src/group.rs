@@ -240,7 +240,7 @@ pub async fn publish(
     let pipe = redis.next().pipeline();
     for (node, env) in by_node {
         let payload = serde_json::to_string(env).expect("envelope serializes");
-        let _: () = pipe.publish(keys.node_channel(node), payload).await?;
+        herald_shared::redis::publish_to_node(&pipe, keys.node_channel(node), payload).await?;
     }
     pipe.all::<Value>().await.map(|_| ())
 }

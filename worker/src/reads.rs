@@ -170,7 +170,7 @@ impl ReadReceipts {
         for (node, reads) in by_node {
             let env = NodeEnvelope { reads, ..Default::default() };
             let payload = serde_json::to_string(&env).expect("envelope serializes");
-            let _: () = self.redis.next().publish(self.keys.node_channel(&node), payload).await?;
+            herald_shared::redis::publish_to_node(self.redis.next(), self.keys.node_channel(&node), payload).await?;
         }
         Ok(())
     }

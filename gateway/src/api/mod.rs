@@ -18,7 +18,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use fred::interfaces::PubsubInterface;
 use herald_shared::config::CorsOrigins;
 use herald_shared::error::ErrorCode;
 use herald_shared::keys::{DeviceKey, PresenceValue};
@@ -145,8 +144,8 @@ async fn unregister(
                 ..Default::default()
             };
             let channel = state.sessions.keys.node_channel(&p.node);
-            let _: Result<(), _> =
-                state.sessions.redis.next().publish(channel, serde_json::to_string(&kick).expect("serializes")).await;
+            let kick = serde_json::to_string(&kick).expect("serializes");
+            let _ = herald_shared::redis::publish_to_node(state.sessions.redis.next(), channel, kick).await;
         }
     }
     Ok(StatusCode::NO_CONTENT)

@@ -47,8 +47,8 @@ impl Presence {
             }],
             ..Default::default()
         };
-        let _: () =
-            redis.publish(keys.node_channel(&old.node), serde_json::to_string(&kick).expect("serializes")).await?;
+        let kick = serde_json::to_string(&kick).expect("serializes");
+        herald_shared::redis::publish_to_node(redis, keys.node_channel(&old.node), kick).await?;
         Ok(())
     }
 
