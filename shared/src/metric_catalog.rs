@@ -41,6 +41,7 @@ pub const METRICS: &[Metric] = &[
     gauge("process_open_fds", "Open file descriptors of the process."),
     // Gateway: sessions and frames.
     gauge("herald_gateway_sessions", "WebSocket sessions open on this gateway."),
+    counter("herald_token_refreshes_total", "In-session token refreshes, by outcome (refreshed or refused)."),
     counter(
         "herald_sessions_closed_total",
         "WebSocket sessions ended, by reason (a close code's name, or client_gone).",
