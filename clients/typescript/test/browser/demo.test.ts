@@ -1,6 +1,6 @@
 // The demo page (demo/) in headless Chromium (Debian's, driven by playwright-core)
-// against a real local Herald (one worker, two gateways): two users chat, and a page
-// whose gateway is SIGKILLed reconnects to the other one. Each page's timeline must
+// against a real local Herald (one worker, two gateways): two users chat, two tabs are
+// two devices of one user, and a page whose gateway is SIGKILLed reconnects to the other. Each page's timeline must
 // hold every message once and in seq order. CHROMIUM names the browser (default
 // /usr/bin/chromium); DEMO_SCREENSHOT=file saves a screenshot of the chat.
 
@@ -46,10 +46,10 @@ afterAll(async () => {
 });
 
 /** A signed-in page whose gateways are tried in the order given. */
-async function signIn(user: string, gateways: string[]): Promise<Page> {
+async function signIn(user: string, gateways: string[], device = "web"): Promise<Page> {
   const page = await browser.newPage({ viewport: { width: 960, height: 600 } });
   page.on("pageerror", (e) => console.error(`${user}: ${e.message}`));
-  const q = new URLSearchParams({ user, device: "web", gw: gateways.join(",") });
+  const q = new URLSearchParams({ user, device, gw: gateways.join(",") });
   await page.goto(`${origin}/?${q}`);
   await page.waitForSelector('#status[data-state="connected"]', { timeout: 20_000 });
   return page;
@@ -111,6 +111,26 @@ describe("the demo page", () => {
     if (process.env.DEMO_SCREENSHOT) await alice.screenshot({ path: process.env.DEMO_SCREENSHOT });
     await alice.close();
     await bob.close();
+  });
+
+  it("two tabs are two devices of one user: both show the chat, and a read in one clears the other's count", async () => {
+    const [gw1, gw2] = herald.gateways.map((g) => g.base);
+    const tab1 = await signIn("erin", [gw1], "tab-1");
+    const tab2 = await signIn("erin", [gw2], "tab-2");
+    const frank = await signIn("frank", [gw2]);
+    const conv = await openConv(frank, "erin");
+    for (const text of ["one", "two", "three"]) await send(frank, text);
+    for (const tab of [tab1, tab2]) await tab.waitForSelector(`#convs li[data-conv="${conv}"] .badge[data-unread="3"]`, { timeout: 10_000 });
+    await tab1.click(`#convs li[data-conv="${conv}"]`);
+    await tab2.waitForSelector(`#convs li[data-conv="${conv}"] .badge[data-unread="0"]`, { state: "attached", timeout: 10_000 });
+    await send(tab1, "from tab 1");
+    await tab2.click(`#convs li[data-conv="${conv}"]`);
+    for (const page of [tab1, tab2, frank]) {
+      const t = await timeline(page, 4);
+      expect(t.seqs).toEqual(range(4));
+      expect(t.texts).toEqual(["one", "two", "three", "from tab 1"]);
+    }
+    for (const page of [tab1, tab2, frank]) await page.close();
   });
 
   it("a page whose gateway is SIGKILLed reconnects to the other and shows every message once, in order", async () => {
