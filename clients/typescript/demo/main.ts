@@ -24,6 +24,8 @@ interface Conv {
   pending: Item[];
   /** Other members' read positions. */
   reads: Map<string, number>;
+  /** Listed (title known, latest page loaded). */
+  listed: boolean;
 }
 
 const $ = <T extends HTMLElement>(sel: string) => document.querySelector(sel) as T;
@@ -37,6 +39,7 @@ let client: HeraldClient;
 let gatewayNow = "";
 let reconnects = 0;
 let everConnected = false;
+let token: () => Promise<string>;
 
 async function fetchToken(user: string, device: string): Promise<string> {
   const r = await fetch(`/demo/token?user=${encodeURIComponent(user)}&device=${encodeURIComponent(device)}`);
@@ -65,7 +68,7 @@ function text(body: unknown): string {
 function conv(id: string, title?: string | null): Conv {
   let c = convs.get(id);
   if (!c) {
-    c = { id, title: title || id, shown: [], pending: [], reads: new Map() };
+    c = { id, title: title || id, shown: [], pending: [], reads: new Map(), listed: false };
     convs.set(id, c);
   }
   return c;
@@ -154,7 +157,7 @@ function shown(m: WireMessage | Message): void {
 
 async function signIn(user: string, device: string): Promise<void> {
   me = user;
-  const token = () => fetchToken(user, device);
+  token = () => fetchToken(user, device);
   await token(); // fails early when the endpoint is off
   $("#signin").hidden = true;
   $("#chat").hidden = false;
@@ -183,7 +186,7 @@ async function signIn(user: string, device: string): Promise<void> {
     status(state);
   });
   client.on("message", (m) => {
-    if (!convs.has(m.conv)) void refreshConvs(token);
+    if (!convs.get(m.conv)?.listed) void refreshConvs();
     shown(m);
   });
   client.on("unread", () => renderConvs());
@@ -197,26 +200,48 @@ async function signIn(user: string, device: string): Promise<void> {
 
   // The list and the latest page of each timeline, then the live connection: each
   // timeline goes on after what the page shows.
-  await refreshConvs(token);
+  await refreshConvs();
   client.connect();
   document.addEventListener("visibilitychange", markRead);
 }
 
-async function refreshConvs(token: () => Promise<string>): Promise<void> {
+let listing: Promise<void> | null = null;
+let listAgain = false;
+
+/** Lists the conversations (again, when asked while listing). */
+function refreshConvs(): Promise<void> {
+  if (listing) {
+    listAgain = true;
+    return listing;
+  }
+  listing = (async () => {
+    do {
+      listAgain = false;
+      await listConvs();
+    } while (listAgain);
+  })().finally(() => (listing = null));
+  return listing;
+}
+
+async function listConvs(): Promise<void> {
   const list = await api((a) => a.conversations({ limit: 50 }), token);
   client.seedUnread(list.items);
   for (const item of list.items.reverse()) {
-    const fresh = !convs.has(item.id);
-    const c = conv(item.id, item.title);
-    if (!fresh) continue;
-    const after = Math.max(item.joined_seq, item.last_seq - 50, c.shown[0]?.seq ?? 0);
+    const c = conv(item.id);
+    c.title = item.title || item.id;
+    if (c.listed) continue;
+    c.listed = true;
+    // Shown live already: the client fills the timeline from the start (joined_seq).
+    if (c.shown.length > 0) continue;
+    const after = Math.max(item.joined_seq, item.last_seq - 50);
     const page = await api((a) => a.history(item.id, { afterSeq: after, limit: 50 }), token);
-    const already = [...c.shown];
+    // Messages the client showed meanwhile are merged in.
+    const live = c.shown;
     c.shown = [];
     for (const m of page.items) shown(m);
-    for (const m of already) if (!c.shown.some((i) => i.id === m.id)) c.shown.push(m);
+    for (const m of live) if (!c.shown.some((i) => i.id === m.id)) c.shown.push(m);
     c.shown.sort((a, b) => a.seq! - b.seq!);
-    client.startAfter(item.id, c.shown[c.shown.length - 1]?.seq ?? item.joined_seq);
+    client.startAfter(item.id, c.shown[c.shown.length - 1]?.seq ?? after);
   }
   renderConvs();
   if (current) renderTimeline();
@@ -235,10 +260,9 @@ $("#newconv").onsubmit = async (e) => {
   const others = String(new FormData(form).get("members"))
     .split(/[\s,]+/)
     .filter((m) => m && m !== me);
-  const token = () => fetchToken(me, sessionStorage.getItem("herald-demo-device") ?? "web");
   const created = await api((a) => a.createConversation({ kind: "group", members: [me, ...others], title: [me, ...others].join(", ") }), token);
   form.reset();
-  await refreshConvs(token);
+  await refreshConvs();
   open(created.id);
 };
 

@@ -121,6 +121,8 @@ describe("the demo page", () => {
     const conv = await openConv(frank, "erin");
     for (const text of ["one", "two", "three"]) await send(frank, text);
     for (const tab of [tab1, tab2]) await tab.waitForSelector(`#convs li[data-conv="${conv}"] .badge[data-unread="3"]`, { timeout: 10_000 });
+    // Found through its first message, listed with its title.
+    expect(await tab1.textContent(`#convs li[data-conv="${conv}"] .name`)).toBe("frank, erin");
     await tab1.click(`#convs li[data-conv="${conv}"]`);
     await tab2.waitForSelector(`#convs li[data-conv="${conv}"] .badge[data-unread="0"]`, { state: "attached", timeout: 10_000 });
     await send(tab1, "from tab 1");
