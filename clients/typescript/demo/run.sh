@@ -9,7 +9,7 @@ ensure_mariadb
 ensure_redis
 ensure_node
 cluster_env
-port=${HERALD_DEMO_PORT:-5173}
+port=${DEMO_PORT:-5173}
 # The page calls the HTTP API from its own origin.
 export HERALD_GATEWAY__CORS_ORIGINS="http://127.0.0.1:$port,http://localhost:$port"
 
@@ -30,6 +30,6 @@ for n in wk-1 gw-1 gw-2; do wait_ready $n || exit 1; done
 cd clients/typescript
 [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error
 log "Herald is running (logs in $HD_LOGS); the demo: http://127.0.0.1:$port/?user=alice"
-HERALD_DEMO_TOKENS=1 HERALD_DEMO_PORT=$port \
-  HERALD_DEMO_GATEWAYS="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT" \
+DEMO_TOKENS=1 DEMO_PORT=$port \
+  DEMO_GATEWAYS="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT" \
   npx vite --config demo/vite.config.ts --clearScreen false

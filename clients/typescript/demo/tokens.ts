@@ -1,7 +1,7 @@
 // The demo's dev-only token endpoint, a Vite plugin: `GET /demo/token?user=&device=`
 // answers an HS256 token (docs/protocol.md section 1.1) signed with the gateway's
 // secret. A real app gets tokens from its own login service; Herald has no token
-// endpoint. Off unless HERALD_DEMO_TOKENS=1, and then refused on anything but a
+// endpoint. Off unless DEMO_TOKENS=1, and then refused on anything but a
 // loopback address, so that it cannot hand out tokens to a network.
 
 import { createHmac } from "node:crypto";
@@ -36,9 +36,9 @@ export function devTokens(enabled: boolean, o: Partial<TokenOptions>): Plugin {
       if (!enabled) return;
       const host = config.server.host;
       if (typeof host !== "string" || !LOOPBACK.has(host)) {
-        throw new Error(`HERALD_DEMO_TOKENS=1 mints tokens for anyone who asks: serve on a loopback host (not ${String(host)})`);
+        throw new Error(`DEMO_TOKENS=1 mints tokens for anyone who asks: serve on a loopback host (not ${String(host)})`);
       }
-      if (!o.secret || o.secret.length < 32) throw new Error("HERALD_DEMO_TOKENS=1 needs HERALD_JWT_SECRET (at least 32 characters)");
+      if (!o.secret || o.secret.length < 32) throw new Error("DEMO_TOKENS=1 needs HERALD_JWT_SECRET (at least 32 characters)");
     },
     configureServer(server) {
       server.middlewares.use("/demo/token", (req, res) => {
@@ -47,7 +47,7 @@ export function devTokens(enabled: boolean, o: Partial<TokenOptions>): Plugin {
         const device = q.get("device") ?? "";
         if (!enabled) {
           res.statusCode = 404;
-          res.end("dev tokens are off: start the demo with HERALD_DEMO_TOKENS=1 (demo/run.sh does)");
+          res.end("dev tokens are off: start the demo with DEMO_TOKENS=1 (demo/run.sh does)");
         } else if (!NAME.test(user) || !NAME.test(device)) {
           res.statusCode = 400;
           res.end("user and device: 1..64 of A-Z a-z 0-9 . _ -");

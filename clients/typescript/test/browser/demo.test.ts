@@ -30,10 +30,10 @@ beforeAll(async () => {
   origin = `http://127.0.0.1:${port}`;
   herald = await Herald.start(2, { HERALD_GATEWAY__CORS_ORIGINS: origin });
   Object.assign(process.env, {
-    HERALD_DEMO_TOKENS: "1",
+    DEMO_TOKENS: "1",
     HERALD_JWT_SECRET: SECRET,
-    HERALD_DEMO_PORT: String(port),
-    HERALD_DEMO_GATEWAYS: herald.gateways.map((g) => g.base).join(","),
+    DEMO_PORT: String(port),
+    DEMO_GATEWAYS: herald.gateways.map((g) => g.base).join(","),
   });
   vite = await createServer({ configFile: new URL("../../demo/vite.config.ts", import.meta.url).pathname, logLevel: "warn", clearScreen: false });
   await vite.listen();
