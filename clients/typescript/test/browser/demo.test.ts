@@ -65,9 +65,11 @@ async function openConv(page: Page, members?: string): Promise<string> {
   return (await page.getAttribute("#convs li.active", "data-conv"))!;
 }
 
+/** Sends from the composer and waits until committed, so sends from two pages keep their order. */
 async function send(page: Page, text: string): Promise<void> {
   await page.fill("#composer input", text);
   await page.press("#composer input", "Enter");
+  await page.waitForSelector("#timeline li.pending", { state: "detached", timeout: 20_000 });
 }
 
 /** Waits until `n` messages are shown and none pending; returns their seqs and texts. */
