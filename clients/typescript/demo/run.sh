@@ -3,7 +3,9 @@
 # the demo page on http://127.0.0.1:5173 with its dev-only token endpoint on (see
 # tokens.ts). Open two tabs: each is a device. Ctrl-C stops everything.
 set -euo pipefail
+# Its own database and Redis prefix, apart from scripts/run.sh's.
 HD_DATABASE=${HD_DATABASE:-herald_demo}
+export HERALD_REDIS_KEY_PREFIX=${HERALD_REDIS_KEY_PREFIX:-demo}
 source "$(dirname "$0")/../../../scripts/cluster.sh" # moves to the repository root
 ensure_mariadb
 ensure_redis
