@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure MariaDB and Redis run on this machine (installing them from Debian's
-# packages when missing; Node for the TypeScript client too), and exports HD_MYSQL_ROOT_URL: a MySQL URL (without a
+# packages when missing; Node and Chromium for the TypeScript client too), and exports HD_MYSQL_ROOT_URL: a MySQL URL (without a
 # database) that may create databases. Sourced by scripts/run.sh and scripts/test.sh.
 set -euo pipefail
 
@@ -40,6 +40,12 @@ ensure_node() {
     log "install Node 20 or later (Debian 13's nodejs, or NodeSource's on Debian 12)"
     exit 1
   fi
+}
+
+# Debian's Chromium for the demo's browser tests (playwright-core drives it; no browser
+# builds are downloaded). CHROMIUM names another binary.
+ensure_chromium() {
+  [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || apt_install chromium
 }
 
 mysql_tcp_ok() { mariadb -h 127.0.0.1 -u "$1" ${2:+-p"$2"} -e 'SELECT 1' >/dev/null 2>&1; }

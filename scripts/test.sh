@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the Helm chart checks, unit tests, the end-to-end tests
 # that start real gateway and worker processes against local MariaDB and Redis, and the
-# TypeScript client's unit and integration tests (clients/typescript).
+# TypeScript client's unit, integration and browser tests (clients/typescript).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
 ensure_mariadb
 ensure_redis
 ensure_node
+ensure_chromium
 export IT_MYSQL_URL=${IT_MYSQL_URL:-$HD_MYSQL_ROOT_URL}
 export IT_REDIS_URL=${IT_REDIS_URL:-redis://127.0.0.1:6379/0}
 # The quick checks first, so the test runner's summary stays the last output: module
@@ -25,8 +26,11 @@ log "testing the TypeScript client"
   npm run --silent typecheck
   npm run --silent build
   npm test --silent
-  HERALD_BIN_DIR="$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug" \
-    npm run --silent test:integration
+  HERALD_BIN_DIR="$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug"
+  export HERALD_BIN_DIR
+  npm run --silent test:integration
+  # The demo page in headless Chromium against the same binaries.
+  npm run --silent test:browser
 )
 log "testing"
 # Integration tests start several processes each; two at a time suit a 2-core machine.

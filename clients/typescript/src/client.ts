@@ -335,6 +335,13 @@ export class HeraldClient extends Emitter<HeraldEvents> {
       case "sent": {
         const r: SendResult = { id: f.id, seq: f.seq, ts: f.ts, dup: f.dup };
         this.unreadCounts.message(f.conv, f.seq);
+        // The server does not push a device its own messages: they take their place in
+        // the timeline here, or the next message would wait for a sync to fill the gap.
+        const e = this.outbox.entry(f.cmid);
+        if (e && this.seen.add(f.id)) {
+          const from = (this.tokenNow && tokenUser(this.tokenNow)) ?? "";
+          this.timelines.arrive({ id: f.id, conv: f.conv, seq: f.seq, from, cmid: f.cmid, ts: f.ts, body: e.body });
+        }
         void this.outbox.committed(f.cmid, r).then((mine) => mine && this.emit("sent", { ...r, cmid: f.cmid, conv: f.conv }));
         return;
       }

@@ -167,6 +167,11 @@ export class Outbox {
   has(cmid: string): boolean {
     return this.slots.has(cmid);
   }
+
+  /** The message kept under `cmid`, if it is still waiting. */
+  entry(cmid: string): OutboxEntry | undefined {
+    return this.slots.get(cmid)?.entry;
+  }
 }
 
 /** A fresh client message id: random, 32 hex digits. */

@@ -44,8 +44,12 @@ export class Herald {
   private readonly id = randomBytes(4).toString("hex");
   private readonly logs = join(tmpdir(), `herald-ts-it-${this.id}`);
 
-  static async start(gateways = 2): Promise<Herald> {
+  /** Extra settings for every process (e.g. `HERALD_GATEWAY__CORS_ORIGINS`). */
+  private env: Record<string, string> = {};
+
+  static async start(gateways = 2, env: Record<string, string> = {}): Promise<Herald> {
     const h = new Herald();
+    h.env = env;
     mkdirSync(h.logs, { recursive: true });
     h.worker = await h.launch("herald-worker", "wk-1");
     for (let i = 1; i <= gateways; i++) h.gateways.push(await h.launch("herald-gateway", `gw-${i}`));
@@ -66,6 +70,7 @@ export class Herald {
       HERALD_NODE_ID: `${name}-${this.id}`,
       HERALD_LISTEN: "127.0.0.1:0",
       HERALD_ADMIN_LISTEN: "127.0.0.1:0",
+      ...this.env,
     });
     const child = spawn(join(binDir, binary), [], { env, stdio: ["ignore", fd, fd] });
     const started = binary === "herald-worker" ? "worker started" : "gateway started";

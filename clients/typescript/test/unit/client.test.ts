@@ -215,6 +215,22 @@ describe("sends", () => {
     expect(c.unsent).toBe(0);
   });
 
+  it("show the device's own message at its seq, so the next one does not wait for a sync", async () => {
+    const { c, shown } = client();
+    const ws = await connected(c);
+    ws.frame(msg(1));
+    const p = c.send("c", { text: "mine" }, "cm-2");
+    await vi.advanceTimersByTimeAsync(0);
+    ws.frame({ t: "sent", cmid: "cm-2", id: "7405329411723264002", conv: "c", seq: 2, ts: 5, dup: false });
+    await p;
+    ws.frame(msg(3));
+    expect(shown.map((m) => [m.seq, m.cmid])).toEqual([[1, "m1"], [2, "cm-2"], [3, "m3"]]);
+    expect(shown[1].body).toEqual({ text: "mine" });
+    // A later copy (a sync) is a repeat.
+    ws.frame({ t: "history", conv: "c", items: [{ ...msg(2), id: "7405329411723264002", cmid: "cm-2" }].map(({ t, ...m }) => m), more: false, ref: null });
+    expect(shown).toHaveLength(3);
+  });
+
   it("wait out rate_limited, and reject on a final refusal", async () => {
     const { c } = client();
     const ws = await connected(c);

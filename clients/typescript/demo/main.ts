@@ -1,0 +1,303 @@
+// The demo chat page: sign in as a user and device, a conversation list with unread
+// counts, each timeline in seq order, sends shown pending until sent, read receipts,
+// and a status line with the connection's state and reconnects. Everything Herald-
+// specific goes through @herald/client (imported from the package source).
+
+import { HeraldApi, HeraldClient, IndexedDbOutboxStorage, type Message, type WebSocketFactory, type WireMessage } from "../src/index.js";
+
+declare const __HERALD_GATEWAYS__: string[];
+
+/** A timeline entry: shown (it has its seq) or still pending (only a cmid). */
+interface Item {
+  cmid: string;
+  id?: string;
+  seq?: number;
+  from: string;
+  text: string;
+  state: "pending" | "sent" | "shown" | "failed";
+}
+
+interface Conv {
+  id: string;
+  title: string;
+  shown: Item[];
+  pending: Item[];
+  /** Other members' read positions. */
+  reads: Map<string, number>;
+  /** Listed (title known, latest page loaded). */
+  listed: boolean;
+}
+
+const $ = <T extends HTMLElement>(sel: string) => document.querySelector(sel) as T;
+const params = new URLSearchParams(location.search);
+/** `?gw=` overrides the gateways (the browser tests pick each page's first gateway). */
+const gateways = params.get("gw")?.split(",") ?? __HERALD_GATEWAYS__;
+const convs = new Map<string, Conv>();
+let me = "";
+let current: string | null = null;
+let client: HeraldClient;
+let gatewayNow = "";
+let reconnects = 0;
+let everConnected = false;
+let token: () => Promise<string>;
+
+async function fetchToken(user: string, device: string): Promise<string> {
+  const r = await fetch(`/demo/token?user=${encodeURIComponent(user)}&device=${encodeURIComponent(device)}`);
+  if (!r.ok) throw new Error(await r.text());
+  return r.text();
+}
+
+/** The HTTP API on the first gateway that answers. */
+async function api<T>(call: (a: HeraldApi) => Promise<T>, token: () => Promise<string>): Promise<T> {
+  let err: unknown;
+  for (const url of gateways) {
+    try {
+      return await call(new HeraldApi({ url, token }));
+    } catch (e) {
+      err = e;
+      if ((e as { status?: number }).status) throw e; // the gateway answered: a refusal
+    }
+  }
+  throw err;
+}
+
+function text(body: unknown): string {
+  return typeof body === "object" && body !== null && "text" in body ? String((body as { text: unknown }).text) : JSON.stringify(body);
+}
+
+function conv(id: string, title?: string | null): Conv {
+  let c = convs.get(id);
+  if (!c) {
+    c = { id, title: title || id, shown: [], pending: [], reads: new Map(), listed: false };
+    convs.set(id, c);
+  }
+  return c;
+}
+
+function status(state: string): void {
+  const el = $("#status");
+  el.dataset.state = state;
+  el.dataset.reconnects = String(reconnects);
+  el.dataset.gateway = gatewayNow;
+  const where = state === "connected" ? ` via ${gatewayNow.replace(/^\w+:\/\//, "").replace(/\/v1\/ws.*/, "")}` : "";
+  el.textContent = `${state}${where} · reconnects ${reconnects} · unsent ${client?.unsent ?? 0}`;
+}
+
+function renderConvs(): void {
+  const ul = $("#convs");
+  ul.replaceChildren(
+    ...[...convs.values()].map((c) => {
+      const li = document.createElement("li");
+      li.dataset.conv = c.id;
+      li.className = c.id === current ? "active" : "";
+      const n = client.unread(c.id);
+      li.innerHTML = `<span class="name"></span><span class="badge" data-unread="${n}">${n}</span>`;
+      li.querySelector(".name")!.textContent = c.title;
+      li.onclick = () => open(c.id);
+      return li;
+    }),
+  );
+}
+
+function renderTimeline(): void {
+  const ol = $("#timeline");
+  if (!current) return ol.replaceChildren();
+  const c = conv(current);
+  const seen = Math.max(0, ...[...c.reads.values()]);
+  ol.replaceChildren(
+    ...[...c.shown, ...c.pending].map((m) => {
+      const li = document.createElement("li");
+      li.className = `msg ${m.from === me ? "own" : ""} ${m.state === "shown" || m.state === "sent" ? "" : "pending"}`;
+      if (m.seq !== undefined && m.state === "shown") li.dataset.seq = String(m.seq);
+      li.dataset.cmid = m.cmid;
+      li.textContent = m.text;
+      const meta = document.createElement("span");
+      meta.className = "meta";
+      let note = m.from === me ? (m.state === "pending" ? "sending…" : m.state === "failed" ? "not sent" : "✓ sent") : m.from;
+      if (m.from === me && m.seq !== undefined && m.seq <= seen) {
+        const who = [...c.reads].filter(([, s]) => s >= m.seq!).map(([u]) => u);
+        note = `✓✓ read by ${who.join(", ")}`;
+      }
+      meta.textContent = `#${m.seq ?? "–"} · ${note}`;
+      li.append(meta);
+      return li;
+    }),
+  );
+  ol.scrollTop = ol.scrollHeight;
+}
+
+/** Marks what is on screen as read, when the page is visible. */
+function markRead(): void {
+  if (!current || document.visibilityState !== "visible") return;
+  const c = conv(current);
+  const last = c.shown[c.shown.length - 1]?.seq;
+  if (last !== undefined && client.unread(current) > 0) client.read(current, last);
+}
+
+function open(id: string): void {
+  current = id;
+  $("#title").textContent = conv(id).title;
+  document.querySelectorAll<HTMLInputElement | HTMLButtonElement>("#composer input, #composer button").forEach((el) => (el.disabled = false));
+  renderConvs();
+  renderTimeline();
+  markRead();
+}
+
+function shown(m: WireMessage | Message): void {
+  const c = conv(m.conv);
+  if (c.shown.some((i) => i.id === m.id)) return; // the client drops repeats; history may overlap
+  const pending = c.pending.findIndex((i) => i.cmid === m.cmid);
+  if (pending >= 0) c.pending.splice(pending, 1);
+  c.shown.push({ cmid: m.cmid, id: m.id, seq: m.seq, from: m.from, text: text(m.body), state: "shown" });
+  if (m.conv === current) {
+    renderTimeline();
+    markRead();
+  }
+}
+
+async function signIn(user: string, device: string): Promise<void> {
+  me = user;
+  token = () => fetchToken(user, device);
+  await token(); // fails early when the endpoint is off
+  $("#signin").hidden = true;
+  $("#chat").hidden = false;
+  $("#me").textContent = `${user} on ${device}`;
+  document.title = `${user} · Herald`;
+
+  // Records which gateway each connection goes to, for the status line.
+  class Socket extends WebSocket {
+    constructor(url: string | URL, protocols?: string | string[]) {
+      super(url, protocols);
+      gatewayNow = String(url);
+    }
+  }
+  client = new HeraldClient({
+    url: gateways,
+    token,
+    WebSocket: Socket as unknown as WebSocketFactory,
+    outboxStorage: new IndexedDbOutboxStorage(`herald-demo-${user}-${device}`),
+    backoff: { baseMs: 250, maxMs: 5_000 },
+  });
+  client.on("state", ({ state }) => {
+    if (state === "connected") {
+      if (everConnected) reconnects++;
+      everConnected = true;
+    }
+    status(state);
+  });
+  client.on("message", (m) => {
+    if (!convs.get(m.conv)?.listed) void refreshConvs();
+    shown(m);
+  });
+  client.on("unread", () => renderConvs());
+  client.on("read", ({ conv: id, user: who, seq }) => {
+    if (who === me) return;
+    const c = conv(id);
+    if (seq > (c.reads.get(who) ?? 0)) c.reads.set(who, seq);
+    if (id === current) renderTimeline();
+  });
+  client.on("sent", () => status(client.state));
+
+  // The list and the latest page of each timeline, then the live connection: each
+  // timeline goes on after what the page shows.
+  await refreshConvs();
+  client.connect();
+  document.addEventListener("visibilitychange", markRead);
+}
+
+let listing: Promise<void> | null = null;
+let listAgain = false;
+
+/** Lists the conversations (again, when asked while listing). */
+function refreshConvs(): Promise<void> {
+  if (listing) {
+    listAgain = true;
+    return listing;
+  }
+  listing = (async () => {
+    do {
+      listAgain = false;
+      await listConvs();
+    } while (listAgain);
+  })().finally(() => (listing = null));
+  return listing;
+}
+
+async function listConvs(): Promise<void> {
+  const list = await api((a) => a.conversations({ limit: 50 }), token);
+  client.seedUnread(list.items);
+  for (const item of list.items.reverse()) {
+    const c = conv(item.id);
+    c.title = item.title || item.id;
+    if (c.listed) continue;
+    c.listed = true;
+    // Shown live already: the client fills the timeline from the start (joined_seq).
+    if (c.shown.length > 0) continue;
+    const after = Math.max(item.joined_seq, item.last_seq - 50);
+    const page = await api((a) => a.history(item.id, { afterSeq: after, limit: 50 }), token);
+    // Messages the client showed meanwhile are merged in.
+    const live = c.shown;
+    c.shown = [];
+    for (const m of page.items) shown(m);
+    for (const m of live) if (!c.shown.some((i) => i.id === m.id)) c.shown.push(m);
+    c.shown.sort((a, b) => a.seq! - b.seq!);
+    client.startAfter(item.id, c.shown[c.shown.length - 1]?.seq ?? after);
+  }
+  renderConvs();
+  if (current) renderTimeline();
+}
+
+$("#signin").onsubmit = (e) => {
+  e.preventDefault();
+  const f = new FormData(e.target as HTMLFormElement);
+  sessionStorage.setItem("herald-demo-device", String(f.get("device")));
+  signIn(String(f.get("user")), String(f.get("device"))).catch((err) => alert(String(err.message ?? err)));
+};
+
+$("#newconv").onsubmit = async (e) => {
+  e.preventDefault();
+  const form = e.target as HTMLFormElement;
+  const others = String(new FormData(form).get("members"))
+    .split(/[\s,]+/)
+    .filter((m) => m && m !== me);
+  const created = await api((a) => a.createConversation({ kind: "group", members: [me, ...others], title: [me, ...others].join(", ") }), token);
+  form.reset();
+  await refreshConvs();
+  open(created.id);
+};
+
+$("#composer").onsubmit = (e) => {
+  e.preventDefault();
+  if (!current) return;
+  const form = e.target as HTMLFormElement;
+  const input = form.querySelector("input")!;
+  const c = conv(current);
+  const item: Item = { cmid: crypto.randomUUID().replace(/-/g, ""), from: me, text: input.value, state: "pending" };
+  c.pending.push(item);
+  input.value = "";
+  renderTimeline();
+  status(client.state);
+  client
+    .send(current, { text: item.text }, item.cmid)
+    .then((r) => {
+      item.seq = r.seq;
+      item.id = r.id;
+      if (item.state === "pending") item.state = "sent";
+    })
+    .catch(() => (item.state = "failed"))
+    .finally(() => {
+      if (c.id === current) renderTimeline();
+      status(client.state);
+    });
+};
+
+// A tab is a device: it keeps its device id across reloads (sessionStorage), and a new
+// tab gets a new one. `?user=alice&device=tab-1` signs in at once.
+const device = params.get("device") ?? sessionStorage.getItem("herald-demo-device") ?? `tab-${Math.random().toString(36).slice(2, 8)}`;
+($("#signin").querySelector("[name=device]") as HTMLInputElement).value = device;
+if (params.get("user")) {
+  sessionStorage.setItem("herald-demo-device", device);
+  signIn(params.get("user")!, device).catch((err) => {
+    $("#status").textContent = String(err.message ?? err);
+  });
+}
