@@ -75,6 +75,21 @@ impl serde::Serialize for MsgId {
     }
 }
 
+/// On the wire an id is its decimal string: ids pass 2^53, past JSON numbers' exact range.
+impl schemars::JsonSchema for MsgId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "MsgId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A message id (a 64-bit snowflake) as its decimal string.",
+            "type": "string",
+            "pattern": "^[0-9]{1,20}$"
+        })
+    }
+}
+
 impl<'de> serde::Deserialize<'de> for MsgId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;

@@ -2,6 +2,7 @@
 //! parsed in two steps so that a refusal keeps the frame's `ref` (or `cmid`), and
 //! serialized by the client library.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -9,7 +10,7 @@ use crate::ids::MsgId;
 
 /// A client frame, parsed in two steps: `t` first, then the fields of that type (an
 /// internally tagged enum cannot hold the raw `body`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, JsonSchema)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum ClientFrame {
     Send(SendFrame),
@@ -23,25 +24,25 @@ pub enum ClientFrame {
     Refresh(TokenFrame),
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SendFrame {
     pub cmid: String,
     pub conv: String,
     pub body: Box<RawValue>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct AckFrame {
     pub ids: Vec<MsgId>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ReadFrame {
     pub conv: String,
     pub seq: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SyncFrame {
     pub conv: String,
     #[serde(default)]
@@ -52,14 +53,14 @@ pub struct SyncFrame {
     pub reference: Option<String>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct PingFrame {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ts: Option<u64>,
 }
 
 /// `auth` and `refresh`: a token (docs/protocol.md sections 3.1 and 3.3).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TokenFrame {
     pub token: String,
     #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]

@@ -9,11 +9,13 @@
 pub mod client;
 pub mod close;
 pub mod node;
+pub mod schema;
 pub mod server;
 
 #[cfg(test)]
 mod client_proptests;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -36,7 +38,7 @@ pub const SUBPROTOCOL: &str = "herald.v1";
 pub const MAX_CMID_LEN: usize = 64;
 
 /// A committed message as clients see it (`msg` frames and history items).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Message {
     pub id: MsgId,
     pub conv: String,

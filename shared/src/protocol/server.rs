@@ -2,6 +2,7 @@
 //! one enum tagged by `t`. The gateway serializes these; the client library, the
 //! load-test and the tests parse them, so both sides share one definition.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{Message, SendResult};
@@ -9,7 +10,7 @@ use crate::error::ErrorCode;
 use crate::ids::MsgId;
 
 /// A server frame. Serialized with its type in `t` (`{"t":"hello",...}`).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum ServerFrame {
     Hello(Hello),
@@ -25,7 +26,7 @@ pub enum ServerFrame {
 }
 
 /// The first frame of a session.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Hello {
     pub session: String,
     /// The server's heartbeat interval.
@@ -35,7 +36,7 @@ pub struct Hello {
 }
 
 /// The answer to a `send`, only after the message is committed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Sent {
     pub cmid: String,
     pub id: MsgId,
@@ -52,7 +53,7 @@ impl Sent {
 }
 
 /// A member (or this user on another device) has read `conv` up to `seq`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReadPosition {
     pub conv: String,
     pub user: String,
@@ -60,13 +61,13 @@ pub struct ReadPosition {
 }
 
 /// The device's backlog is delivered and acked.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CaughtUp {
     pub delivered: u64,
 }
 
 /// The answer to `sync`: a page of one conversation's history in `seq` order.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct History {
     pub conv: String,
     pub items: Vec<Message>,
@@ -81,13 +82,13 @@ pub struct History {
 }
 
 /// The answer to `ping`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Pong {
     pub ts: u64,
 }
 
 /// A request failed. `ref` echoes the request's `cmid` or `ref` when it had one.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorFrame {
     pub code: ErrorCode,
     pub message: String,
@@ -114,13 +115,13 @@ impl ErrorFrame {
 }
 
 /// The server is draining: reconnect after this delay.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Reconnect {
     pub after_ms: u64,
 }
 
 /// The answer to `refresh`: the session now ends at the new token's expiry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Refreshed {
     /// The new token's `exp` (seconds since the Unix epoch, as in JWTs).
     pub exp: u64,
