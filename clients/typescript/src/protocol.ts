@@ -54,7 +54,7 @@ export type ServerFrame =
   | { t: "refreshed"; exp: number; ref: string | null };
 
 export type ClientFrame =
-  | { t: "auth"; token: string }
+  | { t: "auth"; token: string; ref?: string }
   | { t: "refresh"; token: string; ref?: string }
   | { t: "send"; cmid: string; conv: string; body: unknown }
   | { t: "ack"; ids: MessageId[] }
