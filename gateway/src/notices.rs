@@ -25,7 +25,20 @@ pub async fn subscribe(
     let client = builder.build_subscriber_client()?;
     client.init().await.map_err(|e| herald_shared::redis::connect_error(redis_url, e))?;
     // Re-subscribes after every reconnect; the task lives as long as the client.
-    drop(client.manage_subscriptions());
+    let again = client.clone();
+    tokio::spawn(async move {
+        let mut reconnects = again.reconnect_rx();
+        loop {
+            match reconnects.recv().await {
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                _ => {
+                    if let Err(e) = resubscribe(&again).await {
+                        tracing::warn!(error = %e, "node channel resubscribe failed");
+                    }
+                }
+            }
+        }
+    });
     // Sharded in a cluster, as workers publish there (`publish_to_node`).
     if client.is_clustered() {
         client.ssubscribe(channel).await?;
@@ -33,6 +46,20 @@ pub async fn subscribe(
         client.subscribe(channel).await?;
     }
     Ok(client)
+}
+
+/// Subscribes again to the channels the client tracks. Not fred's `resubscribe_all`:
+/// it also sends a PSUBSCRIBE without patterns, which Redis refuses, and stops there,
+/// before the sharded channels (so in a cluster it never subscribed again).
+async fn resubscribe(client: &SubscriberClient) -> Result<(), Error> {
+    let channels: Vec<String> = client.tracked_channels().iter().map(|c| c.to_string()).collect();
+    if !channels.is_empty() {
+        client.subscribe(channels).await?;
+    }
+    for channel in client.tracked_shard_channels() {
+        client.ssubscribe(channel.to_string()).await?;
+    }
+    Ok(())
 }
 
 /// The listener of this node's channel: answers go to their waiters, deliveries,
@@ -69,11 +96,9 @@ async fn listen(
             m = rx.recv() => m,
             r = reconnects.recv() => {
                 if !matches!(r, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
-                    // Pub/sub keeps nothing for a disconnected subscriber: once subscribed
-                    // again, sessions read their pending sets for what they missed.
-                    if let Err(e) = client.resubscribe_all().await {
-                        tracing::warn!(error = %e, "node channel resubscribe failed");
-                    }
+                    // Pub/sub keeps nothing for a disconnected subscriber: the subscription
+                    // is made again (`subscribe`'s task), and sessions read their pending
+                    // sets for what they missed.
                     tracing::info!("node channel reconnected; sessions read their pending sets again");
                     sessions.reread_all();
                 }

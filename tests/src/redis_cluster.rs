@@ -147,6 +147,15 @@ impl RedisCluster {
         assert!(out.contains("OK"), "FLUSHALL: {out}");
     }
 
+    /// Closes every pub/sub connection on every master (`CLIENT KILL TYPE pubsub`), as a
+    /// network blip or a master restart would; returns how many were closed.
+    pub fn kill_subscribers(&self) -> u64 {
+        self.ports()
+            .into_iter()
+            .map(|port| self.cli_text(port, &["client", "kill", "type", "pubsub"]).trim().parse::<u64>().unwrap_or(0))
+            .sum()
+    }
+
     /// Calls of `command` (lower case, as INFO names it) on every master together.
     pub fn calls(&self, command: &str) -> u64 {
         let prefix = format!("cmdstat_{command}:calls=");

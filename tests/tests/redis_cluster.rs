@@ -310,3 +310,31 @@ async fn a_master_losing_its_data_rebuilds_its_users_pending_sets() {
     assert!(epoch.is_some() && marker == epoch, "the epoch stayed and the device is trusted in it again");
     phone.stop().await;
 }
+
+/// A gateway whose sharded subscription is cut (its connection closed by the master)
+/// subscribes again: sends through it are answered and pushes reach its devices, both
+/// of which travel on its node channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_subscribes_again_after_its_node_channel_connection_is_cut() {
+    let rc = RedisCluster::start().await;
+    let mut c = Cluster::with_redis("rc-resub", rc.url());
+    c.start_worker(&[]).await;
+    c.start_gateway(&[("HERALD_GATEWAY__SEND_TIMEOUT_MS", "2000")]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("dm"), "direct", &["alice", "bob"]).await.unwrap();
+    let bob = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    let first = alice.send("before", "dm", &json!({"n": 0})).await.expect("answered before the cut");
+
+    assert!(rc.kill_subscribers() >= 1, "the gateway's subscription was cut");
+    // Answers come back on the node channel: once subscribed again, a send is answered.
+    let second = eventually(Duration::from_secs(20), "a send answered after the cut", || {
+        let alice = &alice;
+        async move { alice.send("after", "dm", &json!({"n": 1})).await.ok() }
+    })
+    .await;
+    receives(&bob, &[first.id.0, second.id.0].into()).await;
+    bob.stop().await;
+    let name = format!("gw-{}.log", c.workers.len() + 1);
+    let log = std::fs::read_to_string(c.log_dir.join(&name)).expect("the gateway's log");
+    assert!(!log.contains("resubscribe failed"), "the subscription was made again without an error:\n{log}");
+}
