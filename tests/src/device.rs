@@ -139,4 +139,14 @@ impl AutoDevice {
     pub async fn stop(self) {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.inner.stop()).await;
     }
+
+    /// Stops the session, then returns every id it received. Ids read before `stop` miss
+    /// the messages that arrive (and are acked) while the session ends, which no later
+    /// session of the device receives again.
+    pub async fn stop_with_ids(self) -> BTreeSet<u64> {
+        let received = self.received.clone();
+        self.stop().await;
+        let ids = received.lock().unwrap().iter().map(|(_, _, id)| *id).collect();
+        ids
+    }
 }

@@ -45,9 +45,11 @@ async fn receive_all(c: &Cluster, user: &str, device: &str, want: &BTreeSet<u64>
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        seen.extend(d.ids());
-        frames += d.received.lock().unwrap().len();
+        let received = d.received.clone();
         d.stop().await;
+        let received = received.lock().unwrap();
+        seen.extend(received.iter().map(|(_, _, id)| *id));
+        frames += received.len();
     }
     panic!("{user}/{device} is missing {} of {} messages", want.difference(&seen).count(), want.len());
 }
@@ -98,8 +100,7 @@ async fn redis_data_loss_during_traffic_loses_nothing() {
     }
     let want = all_ids(&c).await;
     assert_eq!(want.len(), 300);
-    let before_loss = online.ids();
-    online.stop().await;
+    let before_loss = online.stop_with_ids().await;
     let repeats =
         receive_all(&c, "bob", "online", &want.difference(&before_loss).copied().collect(), Duration::from_secs(40))
             .await;
@@ -175,8 +176,8 @@ async fn gateway_sigkill_and_sigterm_move_devices_without_loss() {
     let want = all_ids(&c).await;
     assert_eq!(want.len(), 60);
     for d in devices.drain(..) {
-        let (u, dev, before) = (d.user.clone(), d.device.clone(), d.ids());
-        d.stop().await;
+        let (u, dev) = (d.user.clone(), d.device.clone());
+        let before = d.stop_with_ids().await;
         let rest: BTreeSet<u64> = want.difference(&before).copied().collect();
         if !rest.is_empty() {
             receive_all(&c, &u, &dev, &rest, Duration::from_secs(30)).await;
