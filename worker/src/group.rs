@@ -13,8 +13,9 @@
 //! stays its own.
 //!
 //! After COMMIT the committer answers the senders, then hands the fan-out to the
-//! [`FanoutStage`], in commit order, and goes on to the next commit while it runs.
-//! (Messages of one conversation are in one shard, so their fan-outs keep its order.)
+//! [`FanoutStage`], in commit order, and goes on to the next commit while it runs. The
+//! stage fans out every commit that finished meanwhile in one go. (Messages of one
+//! conversation are in one shard, so their fan-outs keep its order.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::batch::{Committed, Recipient};
 use crate::commit::{BatchResult, Fence, Outcome};
 use crate::committer::ShardCommitter;
 use crate::context::WorkerContext;
@@ -58,6 +60,8 @@ pub type CommitQueue = mpsc::Sender<CommitRequest>;
 const QUEUE: usize = 1_024;
 /// Fan-outs waiting at most; past it commits wait, so Redis sets the pace.
 const FANOUT_QUEUE: usize = 16;
+/// Messages past which waiting fan-outs are not added to the one about to run.
+const FANOUT_MAX_MESSAGES: usize = 2_000;
 
 /// The worker's committer, restartable (its queues outlive a restart).
 #[derive(Clone)]
@@ -250,31 +254,50 @@ impl FanoutStage {
         let s = &self.shared;
         let mut rx = self.rx.lock().await;
         loop {
-            let result = tokio::select! {
+            let first = tokio::select! {
                 // Stopping: the few fan-outs still queued are done first (the outbox
                 // would redo them, later).
                 _ = cancel.cancelled() => match rx.try_recv() { Ok(r) => r, Err(_) => return },
                 r = rx.recv() => match r { Some(r) => r, None => return },
             };
-            let Some(outbox_id) = result.outbox_id else { continue };
+            // Every commit that finished while the last fan-out ran goes in this one, in
+            // commit order: its round trips are shared the way a group commit shares a
+            // transaction's.
+            let mut results = vec![first];
+            let mut messages = results[0].committed.len();
+            while messages < FANOUT_MAX_MESSAGES {
+                let Ok(r) = rx.try_recv() else { break };
+                messages += r.committed.len();
+                results.push(r);
+            }
+            results.retain(|r| r.outbox_id.is_some());
+            if results.is_empty() {
+                continue;
+            }
+            let events: Vec<u64> = results.iter().filter_map(|r| r.outbox_id).collect();
+            let groups: Vec<(&[Committed], &[Recipient])> =
+                results.iter().map(|r| (r.committed.as_slice(), r.recipients.as_slice())).collect();
             let started = std::time::Instant::now();
-            let delivered = s.fanout.deliver_to(&result.committed, &result.recipients).await;
+            let delivered = s.fanout.deliver_to(&groups, &events).await;
             metrics::histogram!("herald_fanout_seconds").record(started.elapsed().as_secs_f64());
             match delivered {
                 Ok(()) => {
-                    s.fanout.remember_done(outbox_id).await;
-                    if s.sent_marks.try_send(outbox_id).is_err() {
-                        tracing::debug!(
-                            outbox = outbox_id,
-                            "SENT marker queue full; the dispatcher will redo the event"
-                        );
+                    for &event in &events {
+                        if s.sent_marks.try_send(event).is_err() {
+                            tracing::debug!(
+                                outbox = event,
+                                "SENT marker queue full; the dispatcher will redo the event"
+                            );
+                        }
                     }
                 }
                 Err(e) => {
                     metrics::counter!("herald_fanout_errors_total").increment(1);
-                    if let Err(db) = s.outbox.mark_failed(outbox_id, 0, &e.to_string()).await {
-                        tracing::warn!(outbox = outbox_id, error = %db,
-                            "could not record the failed fan-out; the dispatcher will redo it");
+                    for &event in &events {
+                        if let Err(db) = s.outbox.mark_failed(event, 0, &e.to_string()).await {
+                            tracing::warn!(outbox = event, error = %db,
+                                "could not record the failed fan-out; the dispatcher will redo it");
+                        }
                     }
                 }
             }

@@ -293,14 +293,11 @@ impl OutboxDispatcher {
                     continue;
                 }
                 let result = match self.fanout.load(&payload.ids).await {
-                    Ok(msgs) => self.fanout.deliver(&msgs).await.map_err(|e| e.to_string()),
+                    Ok(msgs) => self.fanout.deliver(&msgs, id).await.map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 };
                 match result {
-                    Ok(()) => {
-                        self.fanout.remember_done(id).await;
-                        self.outbox.mark_sent(&[id]).await?
-                    }
+                    Ok(()) => self.outbox.mark_sent(&[id]).await?,
                     Err(e) => self.outbox.mark_failed(id, failures, &e).await?,
                 }
             }

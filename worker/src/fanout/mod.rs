@@ -3,8 +3,10 @@
 //! For each message: its `msg` frame is serialized once and stored at `m:{id}`; every
 //! eligible device of every member (except the sending device) gets the id in its
 //! pending set through one Lua call per user (one slot); the gateways holding online
-//! devices get one PUBLISH per node carrying the frames. All of it is one pipeline.
-//! Fan-out is idempotent, so the outbox may run it again after a partial failure.
+//! devices get one PUBLISH per node carrying the frames. Two pipelines: the frames and
+//! pending entries, then the PUBLISHes with the markers of the finished outbox events
+//! (only once every pending entry is written). Fan-out is idempotent, so the outbox may
+//! run it again after a partial failure.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -64,18 +66,6 @@ impl Fanout {
     pub fn with_device_ttl(mut self, device_ttl_ms: u64) -> Self {
         self.device_ttl_ms = device_ttl_ms;
         self
-    }
-
-    /// Remembers that the fan-out of outbox event `event` finished, so a redo (the
-    /// worker died before marking it SENT, a SENDING claim went stale) does not put back
-    /// pending entries its devices already acked. Best effort: forgetting it costs a
-    /// repeat, never a loss.
-    pub async fn remember_done(&self, event: u64) {
-        let key = self.keys.fanned_out(event);
-        let expiry = Some(Expiration::PX(self.done_ttl_ms as i64));
-        if let Err(e) = self.redis.next().set::<(), _, _>(key, 1, expiry, None, false).await {
-            tracing::debug!(event, error = %e, "finished fan-out not remembered");
-        }
     }
 
     /// Whether the fan-out of `event` is known to have finished.
@@ -142,57 +132,66 @@ impl Fanout {
             .collect()
     }
 
-    /// Fans out messages read back from MySQL, looking up their recipients.
-    pub async fn deliver(&self, msgs: &[Committed]) -> Result<(), FanoutError> {
+    /// Fans out the messages of outbox event `event`, read back from MySQL, looking up
+    /// their recipients.
+    pub async fn deliver(&self, msgs: &[Committed], event: u64) -> Result<(), FanoutError> {
         if msgs.is_empty() {
             return Ok(());
         }
         let recipients = self.recipients(msgs).await?;
-        self.deliver_to(msgs, &recipients).await
+        self.deliver_to(&[(msgs, &recipients)], &[event]).await
     }
 
-    /// Fans out to the given member devices (the commit read them under its locks).
-    pub async fn deliver_to(&self, msgs: &[Committed], recipients: &[Recipient]) -> Result<(), FanoutError> {
+    /// Fans out groups of committed messages, each to the member devices its commit read
+    /// under its locks, and remembers that outbox `events` (the rows covering them)
+    /// finished, so a redo (the worker died before marking them SENT, a SENDING claim
+    /// went stale) does not put back pending entries their devices already acked.
+    /// Remembering is best effort: forgetting costs a repeat, never a loss.
+    pub async fn deliver_to(&self, groups: &[(&[Committed], &[Recipient])], events: &[u64]) -> Result<(), FanoutError> {
+        let msgs: Vec<&Committed> = groups.iter().flat_map(|(msgs, _)| msgs.iter()).collect();
         if msgs.is_empty() {
             return Ok(());
         }
-        let mut by_conv: HashMap<(&str, &str), Vec<&Recipient>> = HashMap::new();
-        for r in recipients {
-            by_conv.entry((r.tenant.as_str(), r.conv.as_str())).or_default().push(r);
-        }
-
         let mut frames: HashMap<MsgId, String> = HashMap::with_capacity(msgs.len());
         let mut plans: BTreeMap<(String, String), UserPlan> = BTreeMap::new();
-        for m in msgs {
-            let body = RawValue::from_string(m.body.clone()).map_err(|_| FanoutError::Corrupt(m.id))?;
-            let frame = msg_frame(&Message {
-                id: m.id,
-                conv: m.conv.clone(),
-                seq: m.seq,
-                from: m.sender.clone(),
-                cmid: m.cmid.clone(),
-                ts: m.ts,
-                body,
-            });
-            frames.insert(m.id, frame);
-            for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
-                let is_sender_device = r.user == m.sender && r.device == m.sender_device;
-                if r.receives(m.seq) && !is_sender_device {
-                    plans
-                        .entry((m.tenant.clone(), r.user.clone()))
-                        .or_default()
-                        .entry(r.device.clone())
-                        .or_default()
-                        .push(m.id);
+        for (group, recipients) in groups {
+            // Each group with its own recipients: a member who left between two commits
+            // still gets the messages of the first.
+            let mut by_conv: HashMap<(&str, &str), Vec<&Recipient>> = HashMap::new();
+            for r in recipients.iter() {
+                by_conv.entry((r.tenant.as_str(), r.conv.as_str())).or_default().push(r);
+            }
+            for m in group.iter() {
+                let body = RawValue::from_string(m.body.clone()).map_err(|_| FanoutError::Corrupt(m.id))?;
+                let frame = msg_frame(&Message {
+                    id: m.id,
+                    conv: m.conv.clone(),
+                    seq: m.seq,
+                    from: m.sender.clone(),
+                    cmid: m.cmid.clone(),
+                    ts: m.ts,
+                    body,
+                });
+                frames.insert(m.id, frame);
+                for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
+                    let is_sender_device = r.user == m.sender && r.device == m.sender_device;
+                    if r.receives(m.seq) && !is_sender_device {
+                        plans
+                            .entry((m.tenant.clone(), r.user.clone()))
+                            .or_default()
+                            .entry(r.device.clone())
+                            .or_default()
+                            .push(m.id);
+                    }
                 }
             }
         }
 
         let client = self.redis.next();
-        let results = match self.write(client, msgs, &frames, &plans).await {
+        let results = match self.write(client, &msgs, &frames, &plans).await {
             Err(e) if e.to_string().contains("NOSCRIPT") => {
                 scripts::FANOUT.script().load(client).await?;
-                self.write(client, msgs, &frames, &plans).await?
+                self.write(client, &msgs, &frames, &plans).await?
             }
             other => other?,
         };
@@ -213,20 +212,57 @@ impl Fanout {
                 }
             }
         }
-        if !by_node.is_empty() {
-            let pipe = client.pipeline();
-            for (node, deliveries) in by_node {
-                let mut env = NodeEnvelope::default();
-                for (id, to) in deliveries {
-                    let frame = RawValue::from_string(frames[&id].clone()).map_err(|_| FanoutError::Corrupt(id))?;
-                    env.deliver.push(Delivery { id, frame, to });
-                }
-                let payload = serde_json::to_string(&env).expect("envelope serializes");
-                herald_shared::redis::publish_to_node(&pipe, self.keys.node_channel(&node), payload).await?;
-            }
-            let _: Vec<Value> = pipe.all().await?;
-        }
+        self.publish(client, by_node, &frames, events).await?;
         metrics::counter!("herald_fanout_messages_total").increment(msgs.len() as u64);
+        Ok(())
+    }
+
+    /// Once the pending entries are written: one PUBLISH per node carrying its
+    /// deliveries, and the markers of the finished `events`, in one round trip.
+    async fn publish(
+        &self,
+        client: &Client,
+        by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceKey>>>,
+        frames: &HashMap<MsgId, String>,
+        events: &[u64],
+    ) -> Result<(), FanoutError> {
+        let publishes = by_node.len();
+        if publishes + events.len() == 0 {
+            return Ok(());
+        }
+        let pipe = client.pipeline();
+        for (node, deliveries) in by_node {
+            let mut env = NodeEnvelope::default();
+            for (id, to) in deliveries {
+                let frame = RawValue::from_string(frames[&id].clone()).map_err(|_| FanoutError::Corrupt(id))?;
+                env.deliver.push(Delivery { id, frame, to });
+            }
+            let payload = serde_json::to_string(&env).expect("envelope serializes");
+            herald_shared::redis::publish_to_node(&pipe, self.keys.node_channel(&node), payload).await?;
+        }
+        let expiry = Expiration::PX(self.done_ttl_ms as i64);
+        for event in events {
+            let _: () = pipe.set(self.keys.fanned_out(*event), 1, Some(expiry.clone()), None, false).await?;
+        }
+        let results = pipe.try_all::<Value>().await;
+        if results.len() != publishes + events.len() {
+            // The pipeline failed as a whole: the devices online were not told.
+            let first_error = results.into_iter().find_map(Result::err);
+            return Err(first_error
+                .unwrap_or_else(|| {
+                    fred::error::Error::new(fred::error::ErrorKind::Unknown, "publish pipeline answered short")
+                })
+                .into());
+        }
+        let mut results = results.into_iter();
+        for r in results.by_ref().take(publishes) {
+            r?;
+        }
+        for (event, r) in events.iter().zip(results) {
+            if let Err(e) = r {
+                tracing::debug!(event, error = %e, "finished fan-out not remembered");
+            }
+        }
         Ok(())
     }
 
@@ -235,7 +271,7 @@ impl Fanout {
     async fn write(
         &self,
         client: &Client,
-        msgs: &[Committed],
+        msgs: &[&Committed],
         frames: &HashMap<MsgId, String>,
         plans: &BTreeMap<(String, String), UserPlan>,
     ) -> Result<Vec<Vec<(String, String)>>, fred::error::Error> {
@@ -301,3 +337,6 @@ impl Fanout {
         Ok(online)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,76 @@
+//! Fan-out against the real Redis the tests use (`IT_REDIS_URL`, default the local one).
+
+use fred::prelude::*;
+use herald_shared::keys::{Keys, PresenceValue};
+use herald_shared::protocol::NodeEnvelope;
+
+use super::*;
+
+fn message(id: u64, seq: u64) -> Committed {
+    Committed {
+        id: MsgId(id),
+        tenant: "t".into(),
+        conv: "c".into(),
+        seq,
+        sender: "alice".into(),
+        sender_device: "a1".into(),
+        cmid: format!("m{seq}"),
+        ts: 1,
+        body: format!("{{\"n\":{seq}}}"),
+    }
+}
+
+fn member(user: &str, device: &str) -> Recipient {
+    Recipient {
+        tenant: "t".into(),
+        conv: "c".into(),
+        user: user.into(),
+        joined_seq: 0,
+        left_seq: None,
+        device: device.into(),
+    }
+}
+
+/// Two commits fanned out in one go: each message goes to the members its own commit
+/// read (carol, removed between the commits, gets the first message and not the
+/// second), the online device's node hears exactly its own deliveries, and both
+/// outbox events are remembered as finished.
+#[tokio::test]
+async fn commits_fanned_out_together_keep_their_own_recipients() {
+    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
+    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000);
+    // carol's phone is online on node gw-x.
+    let _: i64 = redis
+        .next()
+        .hset(keys.presence("t", "carol"), ("p1", PresenceValue::new("gw-x", "s1").to_string()))
+        .await
+        .unwrap();
+    let subscriber = redis.next().clone_new();
+    subscriber.init().await.unwrap();
+    let mut node = subscriber.message_rx();
+    subscriber.subscribe(keys.node_channel("gw-x")).await.unwrap();
+
+    let (first, second) = ([message(1_001, 1)], [message(1_002, 2)]);
+    let before = [member("alice", "a1"), member("bob", "b1"), member("carol", "p1")];
+    let after = [member("alice", "a1"), member("bob", "b1")];
+    fanout.deliver_to(&[(&first, &before), (&second, &after)], &[71, 72]).await.expect("fan-out");
+
+    let pending = |user: &str, device: &str| {
+        let (redis, key) = (redis.next().clone(), keys.pending("t", user, device));
+        async move { redis.zrange::<Vec<String>, _, _, _>(key, 0, -1, None, false, None, false).await.unwrap() }
+    };
+    assert_eq!(pending("bob", "b1").await, vec![MsgId(1_001).member(), MsgId(1_002).member()]);
+    assert_eq!(pending("carol", "p1").await, vec![MsgId(1_001).member()]);
+    assert!(pending("alice", "a1").await.is_empty(), "the sending device gets nothing");
+
+    let published = tokio::time::timeout(std::time::Duration::from_secs(5), node.recv()).await.unwrap().unwrap();
+    let env: NodeEnvelope = serde_json::from_str(&published.value.as_string().unwrap()).unwrap();
+    let delivered: Vec<(MsgId, Vec<String>)> =
+        env.deliver.iter().map(|d| (d.id, d.to.iter().map(|k| k.user.clone()).collect())).collect();
+    assert_eq!(delivered, vec![(MsgId(1_001), vec!["carol".to_string()])]);
+    assert!(fanout.is_done(71).await.unwrap() && fanout.is_done(72).await.unwrap());
+    assert!(!fanout.is_done(73).await.unwrap());
+}
