@@ -78,16 +78,11 @@ impl Target {
     /// What [`Target::device_of`] starts.
     pub fn device_spec(&self, index: usize, user: &str, device: &str) -> DeviceSpec {
         DeviceSpec {
-            user: user.to_owned(),
-            device: device.into(),
-            token: self.device_token(user, device),
-            gateways: self.gateways.clone(),
             first_gateway: index,
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
             tls: self.tls.clone(),
             gap_sync_after: Duration::from_secs(5),
-            reconnect: true,
-            resume: Default::default(),
+            ..DeviceSpec::new(user, device, &self.device_token(user, device), self.gateways.clone())
         }
     }
 }

@@ -1,69 +1,31 @@
-//! A device as a real client app runs it: it keeps a session open across gateways,
-//! acks every message, drops repeats by `id`, shows each conversation in `seq` order,
-//! fills gaps that outlive the backlog with `sync`, and reconnects with jittered
+//! A device as a real client app runs it (docs/client.md): it opens each session with
+//! its token in the first frame and `herald.v1` offered, keeps a session open across
+//! gateways, acks every message, drops repeats by `id`, shows each conversation in `seq`
+//! order, fills gaps that outlive the backlog with `sync`, and reconnects with jittered
 //! backoff. A session that hears nothing for two heartbeats is given up as lost (a
 //! network cut without FIN or RST would otherwise hold it forever). The load-test suite
 //! drives thousands of these; what each one showed, and when, is what its integrity
 //! check judges. The end-to-end tests drive them too, one session at a time.
 
 mod liveness;
+mod spec;
 mod timeline;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herald_shared::error::ErrorCode;
-use herald_shared::protocol::{AckFrame, ClientFrame, Message, PingFrame, ServerFrame, SyncFrame};
+use herald_shared::protocol::{
+    AckFrame, ClientFrame, Message, PingFrame, ServerFrame, SyncFrame, TokenFrame, SUBPROTOCOL,
+};
 use rand::Rng;
 use tokio::sync::{mpsc, watch};
 
-use crate::tls::Tls;
-use crate::ws::{WsClient, WsEvent};
+use crate::ws::{Upgrade, WsClient, WsEvent};
 use liveness::Liveness;
+pub use spec::{DeviceSpec, TokenIn};
 use timeline::State;
 pub use timeline::{Arrival, DeviceLog, Shown, Stored, Via};
-
-/// Who the device is and where it may connect.
-#[derive(Clone, Debug)]
-pub struct DeviceSpec {
-    pub user: String,
-    pub device: String,
-    pub token: String,
-    /// Gateways (`http://host:port`), tried in turn starting at `first_gateway`.
-    pub gateways: Vec<String>,
-    pub first_gateway: usize,
-    /// Local address to connect from (spreads many connections over loopback addresses).
-    pub local_ip: Option<IpAddr>,
-    /// Whom to trust for `https://` gateways (the system's roots unless told).
-    pub tls: Tls,
-    /// A gap still open this long after `caught_up` is filled with `sync`.
-    pub gap_sync_after: Duration,
-    /// Reconnect when a session ends, as an app does; `false`: one session (or one
-    /// failed attempt), then the device ends.
-    pub reconnect: bool,
-    /// What an earlier instance of the device stored ([`DeviceLog::stored`]): this one
-    /// goes on from there, as an app restarted on the same phone does.
-    pub resume: Stored,
-}
-
-impl DeviceSpec {
-    /// A device that reconnects across `gateways`, starting with the first.
-    pub fn new(user: &str, device: &str, token: &str, gateways: Vec<String>) -> DeviceSpec {
-        DeviceSpec {
-            user: user.into(),
-            device: device.into(),
-            token: token.into(),
-            gateways,
-            first_gateway: 0,
-            local_ip: None,
-            tls: Tls::system(),
-            gap_sync_after: Duration::from_secs(5),
-            reconnect: true,
-            resume: Stored::default(),
-        }
-    }
-}
 
 /// Live callbacks, for counters and latency histograms while a run goes on.
 pub trait Observer: Send + Sync + 'static {
@@ -171,7 +133,7 @@ async fn run(
         let _ = status.send(Status::Connecting);
         let base = &spec.gateways[gw % spec.gateways.len()];
         let started = Instant::now();
-        let session = WsClient::connect_with(base, &spec.token, spec.local_ip, &spec.tls);
+        let session = connect(&spec, base, &spec.token);
         let connected = tokio::time::timeout(Duration::from_secs(10), session);
         let retry = |gw: &mut usize, backoff: &mut Duration| {
             *gw += 1;
@@ -239,6 +201,29 @@ async fn run(
     let _ = status.send(Status::Ended);
     st.log.stored = st.stored();
     st.log
+}
+
+/// Opens a session as the spec says: the token in the first frame (or the URL), and
+/// `herald.v1` offered, which the server must choose (tungstenite fails a handshake
+/// whose answer is another; an answer of none is checked here).
+async fn connect(
+    spec: &DeviceSpec,
+    base: &str,
+    token: &str,
+) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
+    use tokio_tungstenite::tungstenite::error::{Error, ProtocolError, SubProtocolError};
+    let protocols: &[&str] = if spec.offer_subprotocol { &[SUBPROTOCOL] } else { &[] };
+    let query_token = (spec.token_in == TokenIn::Query).then_some(token);
+    let upgrade = Upgrade { query_token, protocols, local: spec.local_ip, tls: Some(&spec.tls) };
+    let (mut ws, chosen) = WsClient::open(base, &upgrade).await?;
+    if spec.offer_subprotocol && chosen.as_deref() != Some(SUBPROTOCOL) {
+        let none = SubProtocolError::NoSubProtocol;
+        return Err(Error::Protocol(ProtocolError::SecWebSocketSubProtocolError(none)));
+    }
+    if spec.token_in == TokenIn::Frame {
+        ws.send(&ClientFrame::Auth(TokenFrame { token: token.to_owned(), reference: None })).await?;
+    }
+    Ok(ws)
 }
 
 async fn wait_or_stop(stopped: &mut watch::Receiver<bool>, d: Duration) {
