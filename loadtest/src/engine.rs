@@ -75,13 +75,17 @@ impl Target {
         Device::spawn(self.device_spec(index, user, device), rec.clone())
     }
 
-    /// What [`Target::device_of`] starts.
+    /// What [`Target::device_of`] starts: a device of the spec, except that it comes back
+    /// whatever ended its session (a run judges what every device showed, and a device
+    /// that stopped would show nothing more), with the backoff capped at 5 s.
     pub fn device_spec(&self, index: usize, user: &str, device: &str) -> DeviceSpec {
         DeviceSpec {
             first_gateway: index,
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
             tls: self.tls.clone(),
             gap_sync_after: Duration::from_secs(5),
+            reconnect_after_stop_codes: true,
+            backoff_max: Duration::from_secs(5),
             ..DeviceSpec::new(user, device, &self.device_token(user, device), self.gateways.clone())
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use herald_client::device::{Device, DeviceSpec, Observer, Status, Via};
+use herald_client::device::{Device, DeviceSpec, EndedBy, Observer, Status, Via};
 use herald_shared::protocol::{ClientFrame, Message, ServerFrame};
 
 use crate::send_frame;
@@ -144,7 +144,12 @@ impl AutoDevice {
 
     /// The session is over: closed by the server, or lost.
     pub fn is_closed(&self) -> bool {
-        self.inner.status() == Status::Ended
+        matches!(self.inner.status(), Status::Ended(_))
+    }
+
+    /// Why the device stopped, once it has.
+    pub fn ended_by(&self) -> Option<EndedBy> {
+        self.inner.ended_by()
     }
 
     pub async fn stop(self) {

@@ -1,11 +1,13 @@
 //! The Rust client library's `Device` follows docs/client.md: it sends its token as the
-//! first frame and offers `herald.v1` (section 1). What it puts on the wire is read
-//! through a recording proxy.
+//! first frame and offers `herald.v1` (section 1), and stops instead of reconnecting
+//! when its session is replaced (section 2). What it puts on the wire is read through a
+//! recording proxy.
 
 use std::time::Duration;
 
-use herald_client::device::{DeviceSpec, TokenIn};
-use herald_shared::protocol::{ClientFrame, SUBPROTOCOL};
+use herald_client::device::{DeviceSpec, EndedBy, TokenIn};
+use herald_client::{WsClient, WsEvent};
+use herald_shared::protocol::{ClientFrame, Hello, PingFrame, ServerFrame, SUBPROTOCOL};
 use herald_tests::{eventually, AutoDevice, Cluster, WireTap};
 use serde_json::json;
 
@@ -51,4 +53,59 @@ async fn the_device_authenticates_by_its_first_frame_offering_herald_v1() {
     assert!(!request.contains("sec-websocket-protocol"), "{request}");
     assert!(wire[1].first_client_text().is_none_or(|t| !t.contains("\"auth\"")), "no auth frame");
     old_style.stop().await;
+}
+
+/// A session of the same device elsewhere replaces the device's (4002): the device stops
+/// and says why, and the newer session stays; with the load-test's opt-in it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_stops_when_its_session_is_replaced() {
+    let mut c = Cluster::new("rdevreplaced");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let base = c.gateways[0].base_url();
+    let token = c.token("alice", "a1");
+    let spec = DeviceSpec { reconnect: true, ..AutoDevice::spec(&base, &token, "alice", "a1") };
+    let device = AutoDevice::start(spec.clone()).await.expect("hello");
+
+    let mut newer = WsClient::connect(&base, &token).await.unwrap();
+    newer.next_of::<Hello>(WAIT).await.expect("the newer session starts");
+    eventually(WAIT, "the device stopped", || async { device.ended_by() }).await;
+    assert_eq!(device.ended_by(), Some(EndedBy::Replaced));
+    assert_eq!(*device.closed.lock().unwrap(), Some(Some(4002)));
+    // Had it come back (its first backoff is below 500 ms), the newer session would be
+    // the one replaced now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(alive(&mut newer).await, Ok(()), "the newer session was left alone");
+    device.stop().await;
+
+    // Told to come back whatever happened, it does, and replaces the newer session.
+    let spec = DeviceSpec { reconnect_after_stop_codes: true, ..spec };
+    let device = AutoDevice::start(spec).await.expect("hello");
+    assert_eq!(alive(&mut newer).await, Err(Some(4002)), "the device's second instance replaced it");
+    let mut newest = WsClient::connect(&base, &token).await.unwrap();
+    newest.next_of::<Hello>(WAIT).await.expect("another session starts");
+    let closed = loop {
+        match newest.next(WAIT).await {
+            Some(WsEvent::Closed(code)) => break code,
+            Some(_) => continue,
+            None => panic!("the device did not come back within {WAIT:?}"),
+        }
+    };
+    assert_eq!(closed, Some(4002), "the device came back and replaced it");
+    assert_eq!(device.ended_by(), None, "still running");
+    device.stop().await;
+}
+
+/// `Ok` while a session answers a ping; else the code it was closed with.
+async fn alive(ws: &mut WsClient) -> Result<(), Option<u16>> {
+    // A send to a session the server closed may fail; its close frame is read below.
+    let _ = ws.send(&ClientFrame::Ping(PingFrame { ts: Some(1) })).await;
+    loop {
+        match ws.next(WAIT).await {
+            Some(WsEvent::Frame(ServerFrame::Pong(_))) => return Ok(()),
+            Some(WsEvent::Closed(code)) => return Err(code),
+            Some(_) => continue,
+            None => return Err(None),
+        }
+    }
 }

@@ -42,6 +42,12 @@ pub struct DeviceSpec {
     /// Reconnect when a session ends, as an app does; `false`: one session (or one
     /// failed attempt), then the device ends.
     pub reconnect: bool,
+    /// Reconnect after 4001 (token refused), 4002 (replaced or logged out) and 4009
+    /// (protocol errors), which by the spec stop the device: for the load-test, which
+    /// wants every device back whatever ended its session.
+    pub reconnect_after_stop_codes: bool,
+    /// The largest backoff cap between attempts (full jitter from 500 ms, doubling).
+    pub backoff_max: Duration,
     /// What an earlier instance of the device stored ([`DeviceLog::stored`](super::DeviceLog::stored)):
     /// this one goes on from there, as an app restarted on the same phone does.
     pub resume: Stored,
@@ -63,6 +69,8 @@ impl DeviceSpec {
             tls: Tls::system(),
             gap_sync_after: Duration::from_secs(5),
             reconnect: true,
+            reconnect_after_stop_codes: false,
+            backoff_max: Duration::from_secs(30),
             resume: Stored::default(),
         }
     }
