@@ -1,14 +1,17 @@
 //! The Rust client library's `Device` follows docs/client.md: it sends its token as the
-//! first frame and offers `herald.v1` (section 1), and stops instead of reconnecting
-//! when its session is replaced (section 2). What it puts on the wire is read through a
-//! recording proxy.
+//! first frame and offers `herald.v1` (section 1), stops instead of reconnecting when
+//! its session is replaced (section 2), and refreshes its token in the session before
+//! it expires (section 3). What it puts on the wire is read through a recording proxy.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use herald_client::device::{DeviceSpec, EndedBy, TokenIn};
+use herald_client::device::{DeviceSpec, EndedBy, TokenIn, TokenReason, TokenSource};
 use herald_client::{WsClient, WsEvent};
+use herald_shared::auth::{sign, Claims, Platform};
+use herald_shared::ids::now_ms;
 use herald_shared::protocol::{ClientFrame, Hello, PingFrame, ServerFrame, SUBPROTOCOL};
-use herald_tests::{eventually, AutoDevice, Cluster, WireTap};
+use herald_tests::{eventually, AutoDevice, Cluster, WireTap, SECRET, TENANT};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -108,4 +111,65 @@ async fn alive(ws: &mut WsClient) -> Result<(), Option<u16>> {
             None => return Err(None),
         }
     }
+}
+
+/// A web token of alice's device `a1` that expires `secs` from now.
+fn short_token(secs: u64) -> String {
+    let claims = Claims {
+        tid: TENANT.into(),
+        sub: "alice".into(),
+        dev: "a1".into(),
+        plat: Platform::Web,
+        exp: now_ms() / 1000 + secs,
+    };
+    sign(&claims, SECRET.as_bytes())
+}
+
+/// With a token source, the device refreshes its five-second tokens in the session two
+/// seconds before each expires: one session outlives several tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_refreshes_its_token_before_it_expires() {
+    let mut c = Cluster::new("rdevrefresh");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let base = c.gateways[0].base_url();
+    let asked: Arc<Mutex<Vec<TokenReason>>> = Arc::default();
+    let record = asked.clone();
+    let source = TokenSource::new(move |why| {
+        record.lock().unwrap().push(why);
+        std::future::ready(Some(short_token(5)))
+    });
+    let spec = DeviceSpec {
+        reconnect: true,
+        token_source: Some(source),
+        refresh_before: Duration::from_secs(2),
+        ..AutoDevice::spec(&base, &short_token(5), "alice", "a1")
+    };
+    let started = std::time::Instant::now();
+    let device = AutoDevice::start(spec).await.expect("hello");
+    let bob = c.client(0, "bob", "b1");
+    bob.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(13).saturating_sub(started.elapsed())).await;
+    // Past two of its tokens' lifetimes, the first session still delivers.
+    bob.send("m-1", "ab", &json!("still there?")).await.unwrap();
+    eventually(WAIT, "the message arrives", || async { (!device.ids().is_empty()).then_some(()) }).await;
+
+    assert_eq!(*device.closed.lock().unwrap(), None, "no session ended (a 4001 would have)");
+    let refreshed: Vec<u64> = device
+        .others
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|f| match f {
+            ServerFrame::Refreshed(r) => Some(r.exp),
+            _ => None,
+        })
+        .collect();
+    assert!(refreshed.len() >= 3, "a refresh about every 3 s: {refreshed:?}");
+    assert!(refreshed.windows(2).all(|w| w[0] <= w[1]), "each new token's exp: {refreshed:?}");
+    let asked = asked.lock().unwrap().clone();
+    // (A token this short is renewed before the first connection too: `Connect`.)
+    assert!(!asked.contains(&TokenReason::Expired), "no session ended for its token: {asked:?}");
+    assert!(asked.iter().filter(|why| **why == TokenReason::Refresh).count() >= 3, "{asked:?}");
+    device.stop().await;
 }

@@ -1,9 +1,9 @@
 //! A device as a real client app runs it (docs/client.md): it opens each session with
 //! its token in the first frame and `herald.v1` offered, keeps a session open across
 //! gateways, acks every message, drops repeats by `id`, shows each conversation in `seq`
-//! order, fills gaps that outlive the backlog with `sync`, and reconnects by the close
-//! code: with full-jitter backoff, after the server's hints, not at all after 4001,
-//! 4002 and 4009. A
+//! order, fills gaps that outlive the backlog with `sync`, refreshes its token before it
+//! expires, and reconnects by the close code: with full-jitter backoff, after the
+//! server's hints, with a new token after 4001, not at all after 4002 and 4009. A
 //! session that hears nothing for two heartbeats is given up as lost (a network cut
 //! without FIN or RST would otherwise hold it forever). The load-test suite drives
 //! thousands of these; what each one showed, and when, is what its integrity check
@@ -12,6 +12,7 @@
 //! # Layout
 //! - `spec`: who the device is and how it connects ([`DeviceSpec`]).
 //! - `reconnect`: what a session's end leads to, and the backoff.
+//! - `token`: the app's [`TokenSource`] and when to refresh.
 //! - `session`: one session's loop.
 //! - `liveness`, `timeline`: whether the server is there; what the device shows.
 
@@ -20,11 +21,13 @@ mod reconnect;
 mod session;
 mod spec;
 mod timeline;
+mod token;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herald_shared::error::ErrorCode;
+use herald_shared::ids::now_ms;
 use herald_shared::protocol::{ClientFrame, Hello, Message, ServerFrame, TokenFrame, SUBPROTOCOL};
 use tokio::sync::{mpsc, watch};
 
@@ -35,6 +38,7 @@ use session::{Session, SessionEnd};
 pub use spec::{DeviceSpec, TokenIn};
 use timeline::State;
 pub use timeline::{Arrival, DeviceLog, Shown, Stored, Via};
+pub use token::{TokenReason, TokenSource};
 
 /// Live callbacks, for counters and latency histograms while a run goes on.
 pub trait Observer: Send + Sync + 'static {
@@ -146,16 +150,32 @@ async fn run(
     let mut st = State::resume(&spec.resume);
     let mut gw = spec.first_gateway;
     let mut backoff = Backoff::new(BACKOFF_BASE, spec.backoff_max.max(BACKOFF_BASE));
-    let policy = Policy { can_renew_token: false, reconnect_anyway: spec.reconnect_after_stop_codes };
+    let policy =
+        Policy { can_renew_token: spec.token_source.is_some(), reconnect_anyway: spec.reconnect_after_stop_codes };
+    let mut token = spec.token.clone();
+    let mut new_token = None;
     let ended_by = loop {
         if *stopped.borrow() {
             break EndedBy::App;
         }
         let _ = status.send(Status::Connecting);
+        if let Some(source) = &spec.token_source {
+            let why = new_token.take().or_else(|| (!token::usable(&token, now_ms())).then_some(TokenReason::Connect));
+            if let Some(why) = why {
+                let fetched = tokio::select! {
+                    t = source.get(why) => t,
+                    _ = stopped.wait_for(|s| *s) => break EndedBy::App,
+                };
+                match fetched {
+                    Some(t) => token = t,
+                    None => break EndedBy::Unauthorized,
+                }
+            }
+        }
         let base = &spec.gateways[gw % spec.gateways.len()];
         let started = Instant::now();
         let opened = tokio::select! {
-            o = tokio::time::timeout(HELLO_WITHIN, open(&spec, base, &spec.token, &*observer)) => o,
+            o = tokio::time::timeout(HELLO_WITHIN, open(&spec, base, &token, &*observer)) => o,
             _ = stopped.wait_for(|s| *s) => break EndedBy::App,
         };
         let end = match opened {
@@ -165,8 +185,8 @@ async fn run(
                 let _ = status.send(Status::Online);
                 observer.online(true);
                 let hb = Duration::from_millis(hello.hb_ms);
-                let observer = &*observer;
-                let mut session = Session { spec: &spec, ws: &mut ws, st: &mut st, observer, started, hb };
+                let (observer, token) = (&*observer, &mut token);
+                let mut session = Session { spec: &spec, ws: &mut ws, st: &mut st, observer, started, hb, token };
                 let end = session.run(&mut stopped, &mut out).await;
                 observer.online(false);
                 for t in st.timelines.values_mut() {
@@ -185,9 +205,10 @@ async fn run(
         match after_session(code, hints, policy, &mut backoff) {
             Next::Stop(why) => break why,
             Next::Reconnect { .. } if !spec.reconnect => break EndedBy::OneSession,
-            Next::Reconnect { after, .. } => {
+            Next::Reconnect { after, new_token: renew } => {
                 // With several gateways, the next one: the last may be what failed.
                 gw += 1;
+                new_token = renew.then_some(TokenReason::Expired);
                 let _ = tokio::time::timeout(after, stopped.wait_for(|s| *s)).await;
             }
         }

@@ -1,19 +1,25 @@
 //! One session of a device, after `hello`: a single loop over the socket, the app's
-//! frames, a half-second tick (pings, liveness, gap filling) and the stop signal. It
-//! acks every `msg`, keeps the timelines, and ends with what the next attempt needs to
-//! know.
+//! frames, a half-second tick (pings, liveness, gap filling, token refresh) and the
+//! stop signal. It acks every `msg`, keeps the timelines, refreshes the token before
+//! it expires, and ends with what the next attempt needs to know.
 
 use std::time::{Duration, Instant};
 
 use herald_shared::error::ErrorCode;
-use herald_shared::protocol::{AckFrame, ClientFrame, PingFrame, ServerFrame, SyncFrame};
+use herald_shared::protocol::{AckFrame, ClientFrame, PingFrame, ServerFrame, SyncFrame, TokenFrame};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 use super::liveness::Liveness;
 use super::reconnect::Hints;
 use super::timeline::State;
+use super::token::{exp_of, refresh_at, TokenReason};
 use super::{DeviceSpec, Observer, Outgoing, Via};
 use crate::ws::{WsClient, WsEvent};
+
+/// A refused refresh is tried again this much later (the session still ends at the old
+/// token's `exp`; a token source may have a better one by then).
+const REFRESH_RETRY: Duration = Duration::from_secs(5);
 
 /// How a session ended.
 #[derive(Clone, Copy)]
@@ -25,6 +31,17 @@ pub(super) enum SessionEnd {
     Closed { code: Option<u16>, hints: Hints },
 }
 
+/// The in-session refresh of the token: when it is due, the token being fetched, and
+/// the one sent and not yet confirmed.
+#[derive(Default)]
+struct Refresh {
+    due: Option<Instant>,
+    fetching: Option<JoinHandle<Option<String>>>,
+    /// (`ref`, token) of the `refresh` frame awaiting `refreshed`.
+    sent: Option<(String, String)>,
+    count: u64,
+}
+
 pub(super) struct Session<'a> {
     pub(super) spec: &'a DeviceSpec,
     pub(super) ws: &'a mut WsClient,
@@ -33,6 +50,8 @@ pub(super) struct Session<'a> {
     /// When the upgrade began.
     pub(super) started: Instant,
     pub(super) hb: Duration,
+    /// The session's token; one the server confirmed in `refreshed` replaces it.
+    pub(super) token: &'a mut String,
 }
 
 impl Session<'_> {
@@ -40,6 +59,27 @@ impl Session<'_> {
         &mut self,
         stopped: &mut watch::Receiver<bool>,
         out: &mut mpsc::Receiver<Outgoing>,
+    ) -> SessionEnd {
+        let mut refresh = Refresh::default();
+        if self.spec.token_source.is_some() {
+            refresh.due = exp_of(self.token).map(|exp| self.refresh_due(exp));
+        }
+        let ended = self.serve(stopped, out, &mut refresh).await;
+        if let Some(fetching) = refresh.fetching {
+            fetching.abort();
+        }
+        ended
+    }
+
+    fn refresh_due(&self, exp: u64) -> Instant {
+        refresh_at(exp, self.spec.refresh_before, Instant::now(), herald_shared::ids::now_ms())
+    }
+
+    async fn serve(
+        &mut self,
+        stopped: &mut watch::Receiver<bool>,
+        out: &mut mpsc::Receiver<Outgoing>,
+        refresh: &mut Refresh,
     ) -> SessionEnd {
         let lost = SessionEnd::Closed { code: None, hints: Hints::default() };
         let mut caught_up = false;
@@ -59,6 +99,20 @@ impl Session<'_> {
                         return lost;
                     }
                 }
+                fetched = async { refresh.fetching.as_mut().expect("guarded").await }, if refresh.fetching.is_some() => {
+                    refresh.fetching = None;
+                    // No token: the session ends at its token's `exp`, and the next
+                    // connection asks again.
+                    if let Ok(Some(token)) = fetched {
+                        refresh.count += 1;
+                        let reference = format!("refresh-{}", refresh.count);
+                        let frame = TokenFrame { token: token.clone(), reference: Some(reference.clone()) };
+                        if self.ws.send(&ClientFrame::Refresh(frame)).await.is_err() {
+                            return lost;
+                        }
+                        refresh.sent = Some((reference, token));
+                    }
+                }
                 _ = tick.tick() => {
                     let now = Instant::now();
                     if liveness.is_lost(now) {
@@ -72,6 +126,12 @@ impl Session<'_> {
                     }
                     if caught_up && !self.fill_gaps(now).await {
                         return lost;
+                    }
+                    if let (Some(due), Some(source)) = (refresh.due, &self.spec.token_source) {
+                        if now >= due && refresh.fetching.is_none() && refresh.sent.is_none() {
+                            refresh.due = None;
+                            refresh.fetching = Some(tokio::spawn(source.get(TokenReason::Refresh)));
+                        }
                     }
                 }
                 ev = self.ws.next(Duration::from_secs(3600)) => match ev {
@@ -105,8 +165,18 @@ impl Session<'_> {
                                             t.settle(h.more);
                                         }
                                     }
-                                    ServerFrame::Error(e) if e.code == ErrorCode::RateLimited && e.reference.is_none() => {
-                                        hints.retry_after = e.retry_after_ms.map(Duration::from_millis);
+                                    ServerFrame::Refreshed(r) => {
+                                        if let Some((_, token)) = refresh.sent.take_if(|(re, _)| r.reference.as_ref() == Some(re)) {
+                                            *self.token = token;
+                                            refresh.due = Some(self.refresh_due(r.exp));
+                                        }
+                                    }
+                                    ServerFrame::Error(e) => {
+                                        if refresh.sent.take_if(|(re, _)| e.reference.as_ref() == Some(re)).is_some() {
+                                            refresh.due = Some(Instant::now() + REFRESH_RETRY);
+                                        } else if e.code == ErrorCode::RateLimited && e.reference.is_none() {
+                                            hints.retry_after = e.retry_after_ms.map(Duration::from_millis);
+                                        }
                                     }
                                     ServerFrame::Reconnect(r) => hints.reconnect_after = Some(Duration::from_millis(r.after_ms)),
                                     _ => {}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::tls::Tls;
 
 use super::timeline::Stored;
+use super::token::TokenSource;
 
 /// Where the token goes when a session opens (docs/client.md section 1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,7 +25,13 @@ pub enum TokenIn {
 pub struct DeviceSpec {
     pub user: String,
     pub device: String,
+    /// The token of the first session (empty: ask `token_source` first).
     pub token: String,
+    /// Where new tokens come from: asked after a 4001, and before the session's token
+    /// expires, to `refresh` it in the session. Without one, the device stops at a 4001.
+    pub token_source: Option<TokenSource>,
+    /// How long before its `exp` a session's token is refreshed (with a `token_source`).
+    pub refresh_before: Duration,
     /// Where the token goes when a session opens.
     pub token_in: TokenIn,
     /// Offer the `herald.v1` subprotocol and insist that the server chooses it; `false`
@@ -42,9 +49,9 @@ pub struct DeviceSpec {
     /// Reconnect when a session ends, as an app does; `false`: one session (or one
     /// failed attempt), then the device ends.
     pub reconnect: bool,
-    /// Reconnect after 4001 (token refused), 4002 (replaced or logged out) and 4009
-    /// (protocol errors), which by the spec stop the device: for the load-test, which
-    /// wants every device back whatever ended its session.
+    /// Reconnect after 4002 (replaced or logged out) and 4009 (protocol errors), and
+    /// after a 4001 without a `token_source`, which by the spec stop the device: for the
+    /// load-test, which wants every device back whatever ended its session.
     pub reconnect_after_stop_codes: bool,
     /// The largest backoff cap between attempts (full jitter from 500 ms, doubling).
     pub backoff_max: Duration,
@@ -61,6 +68,8 @@ impl DeviceSpec {
             user: user.into(),
             device: device.into(),
             token: token.into(),
+            token_source: None,
+            refresh_before: Duration::from_secs(60),
             token_in: TokenIn::Frame,
             offer_subprotocol: true,
             gateways,
