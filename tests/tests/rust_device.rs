@@ -1,7 +1,8 @@
 //! The Rust client library's `Device` follows docs/client.md: it sends its token as the
 //! first frame and offers `herald.v1` (section 1), stops instead of reconnecting when
-//! its session is replaced (section 2), and refreshes its token in the session before
-//! it expires (section 3). What it puts on the wire is read through a recording proxy.
+//! its session is replaced, gets a new token after a 4001 or stops without a way to
+//! (section 2), and refreshes its token in the session before it expires (section 3).
+//! What it puts on the wire is read through a recording proxy.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -113,12 +114,12 @@ async fn alive(ws: &mut WsClient) -> Result<(), Option<u16>> {
     }
 }
 
-/// A web token of alice's device `a1` that expires `secs` from now.
-fn short_token(secs: u64) -> String {
+/// A web token of alice's `device` that expires `secs` from now.
+fn short_token(device: &str, secs: u64) -> String {
     let claims = Claims {
         tid: TENANT.into(),
         sub: "alice".into(),
-        dev: "a1".into(),
+        dev: device.into(),
         plat: Platform::Web,
         exp: now_ms() / 1000 + secs,
     };
@@ -137,13 +138,13 @@ async fn the_device_refreshes_its_token_before_it_expires() {
     let record = asked.clone();
     let source = TokenSource::new(move |why| {
         record.lock().unwrap().push(why);
-        std::future::ready(Some(short_token(5)))
+        std::future::ready(Some(short_token("a1", 5)))
     });
     let spec = DeviceSpec {
         reconnect: true,
         token_source: Some(source),
         refresh_before: Duration::from_secs(2),
-        ..AutoDevice::spec(&base, &short_token(5), "alice", "a1")
+        ..AutoDevice::spec(&base, &short_token("a1", 5), "alice", "a1")
     };
     let started = std::time::Instant::now();
     let device = AutoDevice::start(spec).await.expect("hello");
@@ -172,4 +173,45 @@ async fn the_device_refreshes_its_token_before_it_expires() {
     assert!(!asked.contains(&TokenReason::Expired), "no session ended for its token: {asked:?}");
     assert!(asked.iter().filter(|why| **why == TokenReason::Refresh).count() >= 3, "{asked:?}");
     device.stop().await;
+}
+
+/// A session that ends at its token's `exp` (4001, here because the source has no
+/// refresh to give): with a token source the device asks it for a new token and comes
+/// back; with only its first token it stops and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_4001_the_device_gets_a_new_token_or_stops() {
+    let mut c = Cluster::new("rdevexpired");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let base = c.gateways[0].base_url();
+    let asked: Arc<Mutex<Vec<TokenReason>>> = Arc::default();
+    let record = asked.clone();
+    let source = TokenSource::new(move |why| {
+        record.lock().unwrap().push(why);
+        std::future::ready((why != TokenReason::Refresh).then(|| short_token("a1", 3_600)))
+    });
+    let renewing = DeviceSpec {
+        reconnect: true,
+        token_source: Some(source),
+        ..AutoDevice::spec(&base, &short_token("a1", 7), "alice", "a1")
+    };
+    let fixed = DeviceSpec { reconnect: true, ..AutoDevice::spec(&base, &short_token("a2", 7), "alice", "a2") };
+    let (renewing, fixed) = (AutoDevice::start(renewing).await.unwrap(), AutoDevice::start(fixed).await.unwrap());
+
+    eventually(Duration::from_secs(15), "the fixed token's device stopped", || async { fixed.ended_by() }).await;
+    assert_eq!(fixed.ended_by(), Some(EndedBy::Unauthorized));
+    assert_eq!(*fixed.closed.lock().unwrap(), Some(Some(4001)));
+    eventually(WAIT, "a new token asked for after the 4001", || async {
+        asked.lock().unwrap().contains(&TokenReason::Expired).then_some(())
+    })
+    .await;
+    assert_eq!(*renewing.closed.lock().unwrap(), Some(Some(4001)), "its first session ended at exp");
+    // Its new session delivers.
+    let bob = c.client(0, "bob", "b1");
+    bob.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    bob.send("m-1", "ab", &json!("welcome back")).await.unwrap();
+    eventually(WAIT, "the message arrives", || async { (!renewing.ids().is_empty()).then_some(()) }).await;
+    assert_eq!(renewing.ended_by(), None);
+    renewing.stop().await;
+    fixed.stop().await;
 }
