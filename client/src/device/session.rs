@@ -18,7 +18,8 @@ use super::{DeviceSpec, Observer, Outgoing, Via};
 use crate::ws::{WsClient, WsEvent};
 
 /// A refused refresh is tried again this much later (the session still ends at the old
-/// token's `exp`; a token source may have a better one by then).
+/// token's `exp`; a token source may have a better one by then), unless the gateway did
+/// not know the frame.
 const REFRESH_RETRY: Duration = Duration::from_secs(5);
 
 /// How a session ended.
@@ -173,7 +174,10 @@ impl Session<'_> {
                                     }
                                     ServerFrame::Error(e) => {
                                         if refresh.sent.take_if(|(re, _)| e.reference.as_ref() == Some(re)).is_some() {
-                                            refresh.due = Some(Instant::now() + REFRESH_RETRY);
+                                            // `bad_request`: a gateway older than `refresh`, where
+                                            // each try is a protocol error (the 10th closes with 4009).
+                                            let again = e.code != ErrorCode::BadRequest;
+                                            refresh.due = again.then(|| Instant::now() + REFRESH_RETRY);
                                         } else if e.code == ErrorCode::RateLimited && e.reference.is_none() {
                                             hints.retry_after = e.retry_after_ms.map(Duration::from_millis);
                                         }
