@@ -35,15 +35,31 @@ fn config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
     tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(4 * 1024)
 }
 
+/// How a session is opened: where the token goes, which subprotocols are offered, from
+/// which address, whom to trust.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Upgrade<'a> {
+    /// The token in the query string (`?access_token=`); `None`: the session's first
+    /// frame must be `auth` (docs/protocol.md section 3.1).
+    pub query_token: Option<&'a str>,
+    /// Offered in `Sec-WebSocket-Protocol`; the handshake fails unless the server
+    /// chooses one of them (none offered: none may be chosen).
+    pub protocols: &'a [&'a str],
+    /// Local address to connect from (many loopback addresses give a load-test more
+    /// source ports than one address has).
+    pub local: Option<std::net::IpAddr>,
+    /// Whom to trust for an `https://` gateway (the system's roots when `None`).
+    pub tls: Option<&'a Tls>,
+}
+
 impl WsClient {
-    /// Connects with the token in the query string (as browsers must); an `https://`
-    /// base connects with `wss://`, trusting the system's roots.
+    /// Connects with the token in the query string; an `https://` base connects with
+    /// `wss://`, trusting the system's roots.
     pub async fn connect(base: &str, token: &str) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
         Self::connect_with(base, token, None, &Tls::system()).await
     }
 
-    /// Like [`WsClient::connect`], from a chosen local address (many loopback addresses
-    /// give a load-test more source ports than one address has).
+    /// Like [`WsClient::connect`], from a chosen local address.
     pub async fn connect_from(
         base: &str,
         token: &str,
@@ -59,11 +75,8 @@ impl WsClient {
         local: Option<std::net::IpAddr>,
         tls: &Tls,
     ) -> Result<WsClient, tokio_tungstenite::tungstenite::Error> {
-        let url = format!("{}/v1/ws?access_token={token}", base.replacen("http", "ws", 1));
-        let stream = tcp(base, local).await?;
-        let (ws, _) =
-            tokio_tungstenite::client_async_tls_with_config(url, stream, Some(config()), Some(tls.connector())).await?;
-        Ok(WsClient { ws })
+        let upgrade = Upgrade { query_token: Some(token), local, tls: Some(tls), ..Upgrade::default() };
+        Ok(Self::open(base, &upgrade).await?.0)
     }
 
     /// Connects with the token in the query string when given (else the first frame must
@@ -73,15 +86,31 @@ impl WsClient {
         token: Option<&str>,
         protocols: &[&str],
     ) -> Result<(WsClient, Option<String>), tokio_tungstenite::tungstenite::Error> {
+        Self::open(base, &Upgrade { query_token: token, protocols, ..Upgrade::default() }).await
+    }
+
+    /// Opens a session as `upgrade` says; also returns the subprotocol the server chose.
+    pub async fn open(
+        base: &str,
+        upgrade: &Upgrade<'_>,
+    ) -> Result<(WsClient, Option<String>), tokio_tungstenite::tungstenite::Error> {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let query = token.map(|t| format!("?access_token={t}")).unwrap_or_default();
+        let query = upgrade.query_token.map(|t| format!("?access_token={t}")).unwrap_or_default();
         let mut request = format!("{}/v1/ws{query}", base.replacen("http", "ws", 1)).into_client_request()?;
-        if !protocols.is_empty() {
-            let offer = protocols.join(", ").parse().map_err(tokio_tungstenite::tungstenite::http::Error::from)?;
+        if !upgrade.protocols.is_empty() {
+            let offer =
+                upgrade.protocols.join(", ").parse().map_err(tokio_tungstenite::tungstenite::http::Error::from)?;
             request.headers_mut().insert("sec-websocket-protocol", offer);
         }
-        let stream = tcp(base, None).await?;
-        let tls = Tls::system();
+        let stream = tcp(base, upgrade.local).await?;
+        let system;
+        let tls = match upgrade.tls {
+            Some(tls) => tls,
+            None => {
+                system = Tls::system();
+                &system
+            }
+        };
         let (ws, response) =
             tokio_tungstenite::client_async_tls_with_config(request, stream, Some(config()), Some(tls.connector()))
                 .await?;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::{stream, StreamExt, TryStreamExt};
-use herald_client::device::{Device, DeviceLog, DeviceSpec, Via};
+use herald_client::device::{Device, DeviceLog, DeviceSpec, TokenSource, Via};
 use herald_client::{token, ClientError, HttpClient};
 use herald_shared::auth::Platform;
 use herald_shared::error::ErrorCode;
@@ -75,19 +75,25 @@ impl Target {
         Device::spawn(self.device_spec(index, user, device), rec.clone())
     }
 
-    /// What [`Target::device_of`] starts.
+    /// What [`Target::device_of`] starts: a device of the spec, except that it comes back
+    /// whatever ended its session (a run judges what every device showed, and a device
+    /// that stopped would show nothing more), with the backoff capped at 5 s, and new
+    /// tokens minted when its day-long token runs out (a soak may outlast it).
     pub fn device_spec(&self, index: usize, user: &str, device: &str) -> DeviceSpec {
+        let (secret, tenant, who) = (self.secret.clone(), self.tenant.clone(), (user.to_owned(), device.to_owned()));
+        let source = TokenSource::new(move |_| {
+            let t = token(&secret, &tenant, &who.0, &who.1, Platform::Desktop);
+            std::future::ready(Some(t))
+        });
         DeviceSpec {
-            user: user.to_owned(),
-            device: device.into(),
-            token: self.device_token(user, device),
-            gateways: self.gateways.clone(),
             first_gateway: index,
             local_ip: (!self.local_ips.is_empty()).then(|| self.local_ips[index % self.local_ips.len()]),
             tls: self.tls.clone(),
             gap_sync_after: Duration::from_secs(5),
-            reconnect: true,
-            resume: Default::default(),
+            token_source: Some(source),
+            reconnect_after_stop_codes: true,
+            backoff_max: Duration::from_secs(5),
+            ..DeviceSpec::new(user, device, &self.device_token(user, device), self.gateways.clone())
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use herald_client::device::{Device, DeviceSpec, Observer, Status, Via};
+use herald_client::device::{Device, DeviceSpec, EndedBy, Observer, Status, Via};
 use herald_shared::protocol::{ClientFrame, Message, ServerFrame};
 
 use crate::send_frame;
@@ -83,6 +83,21 @@ impl AutoDevice {
 
     /// `None` when the gateway is unreachable or closes before `hello`.
     pub async fn connect_soft(base: &str, token: &str, user: &str, device: &str) -> Option<AutoDevice> {
+        Self::start(Self::spec(base, token, user, device)).await
+    }
+
+    /// What [`AutoDevice::connect`] starts: one session, no gap filling, otherwise the
+    /// library's defaults (the token in the first frame, `herald.v1` offered).
+    pub fn spec(base: &str, token: &str, user: &str, device: &str) -> DeviceSpec {
+        DeviceSpec {
+            reconnect: false,
+            gap_sync_after: NEVER,
+            ..DeviceSpec::new(user, device, token, vec![base.to_owned()])
+        }
+    }
+
+    /// A device of `spec`, once it said `hello`; `None` when it did not.
+    pub async fn start(spec: DeviceSpec) -> Option<AutoDevice> {
         let recorder = Arc::new(Recorder {
             received: Shared::default(),
             sent: Shared::default(),
@@ -90,11 +105,7 @@ impl AutoDevice {
             closed: Shared::default(),
             hello: AtomicBool::new(false),
         });
-        let spec = DeviceSpec {
-            reconnect: false,
-            gap_sync_after: NEVER,
-            ..DeviceSpec::new(user, device, token, vec![base.to_owned()])
-        };
+        let (user, device) = (spec.user.clone(), spec.device.clone());
         let inner = Device::spawn(spec, recorder.clone());
         // A session that said hello and ended at once still said hello.
         if !inner.wait_online(HELLO_WITHIN).await && !recorder.hello.load(Ordering::SeqCst) {
@@ -102,8 +113,8 @@ impl AutoDevice {
             return None;
         }
         Some(AutoDevice {
-            user: user.into(),
-            device: device.into(),
+            user,
+            device,
             received: recorder.received.clone(),
             sent: recorder.sent.clone(),
             closed: recorder.closed.clone(),
@@ -133,7 +144,12 @@ impl AutoDevice {
 
     /// The session is over: closed by the server, or lost.
     pub fn is_closed(&self) -> bool {
-        self.inner.status() == Status::Ended
+        matches!(self.inner.status(), Status::Ended(_))
+    }
+
+    /// Why the device stopped, once it has.
+    pub fn ended_by(&self) -> Option<EndedBy> {
+        self.inner.ended_by()
     }
 
     pub async fn stop(self) {

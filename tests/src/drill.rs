@@ -138,7 +138,13 @@ impl Drill {
             let user = c.receivers[0].clone();
             let watch = Arc::new(DeviceWatch { rec: rec.clone(), state: Mutex::default() });
             let token = token(SECRET, TENANT, &user, "d", Platform::Desktop);
-            let spec = DeviceSpec { first_gateway: k, ..DeviceSpec::new(&user, "d", &token, device_gateways.clone()) };
+            // Like the load-test's devices: back whatever ended a session, backoff capped at 5 s.
+            let spec = DeviceSpec {
+                first_gateway: k,
+                reconnect_after_stop_codes: true,
+                backoff_max: Duration::from_secs(5),
+                ..DeviceSpec::new(&user, "d", &token, device_gateways.clone())
+            };
             devices.push((user, Device::spawn(spec, watch.clone())));
             watches.push(watch);
         }

@@ -14,6 +14,7 @@
 //!   it holds.
 //! - [`send_frame`], [`ack_frame`] (`frames`): client frames tests build often.
 //! - [`eventually`] (`wait`): polling until a condition holds.
+//! - [`WireTap`] (`wiretap`): a proxy that records what a client puts on the wire.
 //! - [`drill`], [`faults`], [`redis_cluster`]: fault drills, injected faults, Redis Cluster.
 
 mod admin;
@@ -23,6 +24,7 @@ mod device;
 mod frames;
 mod redis_server;
 mod wait;
+mod wiretap;
 
 pub mod drill;
 pub mod faults;
@@ -35,6 +37,7 @@ pub use device::{AutoDevice, Seen};
 pub use frames::{ack_frame, send_frame};
 pub use redis_server::{free_port, spawn_redis_server, RedisServer};
 pub use wait::eventually;
+pub use wiretap::{Tapped, WireTap};
 
 pub const SECRET: &str = "test-secret-0123456789abcdef";
 pub const ADMIN_TOKEN: &str = "test-admin-token";

@@ -1,69 +1,44 @@
-//! A device as a real client app runs it: it keeps a session open across gateways,
-//! acks every message, drops repeats by `id`, shows each conversation in `seq` order,
-//! fills gaps that outlive the backlog with `sync`, and reconnects with jittered
-//! backoff. A session that hears nothing for two heartbeats is given up as lost (a
-//! network cut without FIN or RST would otherwise hold it forever). The load-test suite
-//! drives thousands of these; what each one showed, and when, is what its integrity
-//! check judges. The end-to-end tests drive them too, one session at a time.
+//! A device as a real client app runs it (docs/client.md): it opens each session with
+//! its token in the first frame and `herald.v1` offered, keeps a session open across
+//! gateways, acks every message, drops repeats by `id`, shows each conversation in `seq`
+//! order, fills gaps that outlive the backlog with `sync`, refreshes its token before it
+//! expires, and reconnects by the close code: with full-jitter backoff, after the
+//! server's hints, with a new token after 4001, not at all after 4002 and 4009. A
+//! session that hears nothing for two heartbeats is given up as lost (a network cut
+//! without FIN or RST would otherwise hold it forever). The load-test suite drives
+//! thousands of these; what each one showed, and when, is what its integrity check
+//! judges. The end-to-end tests drive them too, one session at a time.
+//!
+//! # Layout
+//! - `spec`: who the device is and how it connects ([`DeviceSpec`]).
+//! - `reconnect`: what a session's end leads to, and the backoff.
+//! - `token`: the app's [`TokenSource`] and when to refresh.
+//! - `session`: one session's loop.
+//! - `liveness`, `timeline`: whether the server is there; what the device shows.
 
 mod liveness;
+mod reconnect;
+mod session;
+mod spec;
 mod timeline;
+mod token;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herald_shared::error::ErrorCode;
-use herald_shared::protocol::{AckFrame, ClientFrame, Message, PingFrame, ServerFrame, SyncFrame};
-use rand::Rng;
+use herald_shared::ids::now_ms;
+use herald_shared::protocol::{ClientFrame, Hello, Message, ServerFrame, TokenFrame, SUBPROTOCOL};
 use tokio::sync::{mpsc, watch};
 
-use crate::tls::Tls;
-use crate::ws::{WsClient, WsEvent};
-use liveness::Liveness;
+use crate::ws::{Upgrade, WsClient, WsEvent};
+pub use reconnect::EndedBy;
+use reconnect::{after_session, Backoff, Hints, Next, Policy};
+use session::{Session, SessionEnd};
+pub use spec::{DeviceSpec, TokenIn};
 use timeline::State;
 pub use timeline::{Arrival, DeviceLog, Shown, Stored, Via};
-
-/// Who the device is and where it may connect.
-#[derive(Clone, Debug)]
-pub struct DeviceSpec {
-    pub user: String,
-    pub device: String,
-    pub token: String,
-    /// Gateways (`http://host:port`), tried in turn starting at `first_gateway`.
-    pub gateways: Vec<String>,
-    pub first_gateway: usize,
-    /// Local address to connect from (spreads many connections over loopback addresses).
-    pub local_ip: Option<IpAddr>,
-    /// Whom to trust for `https://` gateways (the system's roots unless told).
-    pub tls: Tls,
-    /// A gap still open this long after `caught_up` is filled with `sync`.
-    pub gap_sync_after: Duration,
-    /// Reconnect when a session ends, as an app does; `false`: one session (or one
-    /// failed attempt), then the device ends.
-    pub reconnect: bool,
-    /// What an earlier instance of the device stored ([`DeviceLog::stored`]): this one
-    /// goes on from there, as an app restarted on the same phone does.
-    pub resume: Stored,
-}
-
-impl DeviceSpec {
-    /// A device that reconnects across `gateways`, starting with the first.
-    pub fn new(user: &str, device: &str, token: &str, gateways: Vec<String>) -> DeviceSpec {
-        DeviceSpec {
-            user: user.into(),
-            device: device.into(),
-            token: token.into(),
-            gateways,
-            first_gateway: 0,
-            local_ip: None,
-            tls: Tls::system(),
-            gap_sync_after: Duration::from_secs(5),
-            reconnect: true,
-            resume: Stored::default(),
-        }
-    }
-}
+pub use token::{TokenReason, TokenSource};
 
 /// Live callbacks, for counters and latency histograms while a run goes on.
 pub trait Observer: Send + Sync + 'static {
@@ -85,8 +60,8 @@ pub enum Status {
     Connecting,
     /// A session said `hello`.
     Online,
-    /// The device stopped (or, without `reconnect`, its one session ended).
-    Ended,
+    /// The device stopped for good, and why; a new device is needed.
+    Ended(EndedBy),
 }
 
 /// What the app asked the device to send.
@@ -143,16 +118,27 @@ impl Device {
         matches!(reached, Ok(Ok(s)) if *s == Status::Online)
     }
 
+    /// Why the device stopped, once it has.
+    pub fn ended_by(&self) -> Option<EndedBy> {
+        match *self.status.borrow() {
+            Status::Ended(by) => Some(by),
+            _ => None,
+        }
+    }
+
     pub async fn stop(self) -> DeviceLog {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
     }
 }
 
-fn jitter(base: Duration) -> Duration {
-    let ms = base.as_millis() as u64;
-    Duration::from_millis(ms / 2 + rand::rng().random_range(0..=ms.max(1)))
-}
+/// The first backoff cap, doubling after each failed attempt (docs/client.md section 2).
+const BACKOFF_BASE: Duration = Duration::from_millis(500);
+
+/// How long a connection may take from the TCP connect to `hello` before it is given up
+/// and counts as lost: the gateway's own handshake deadline (10 s by default), as an
+/// attempt through a dead network path would otherwise wait for TCP.
+const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
 async fn run(
     spec: DeviceSpec,
@@ -163,200 +149,121 @@ async fn run(
 ) -> DeviceLog {
     let mut st = State::resume(&spec.resume);
     let mut gw = spec.first_gateway;
-    let mut backoff = Duration::from_millis(100);
-    loop {
+    let mut backoff = Backoff::new(BACKOFF_BASE, spec.backoff_max.max(BACKOFF_BASE));
+    let policy =
+        Policy { can_renew_token: spec.token_source.is_some(), reconnect_anyway: spec.reconnect_after_stop_codes };
+    let mut token = spec.token.clone();
+    let mut new_token = None;
+    let ended_by = loop {
         if *stopped.borrow() {
-            break;
+            break EndedBy::App;
         }
         let _ = status.send(Status::Connecting);
+        if let Some(source) = &spec.token_source {
+            let why = new_token.take().or_else(|| (!token::usable(&token, now_ms())).then_some(TokenReason::Connect));
+            if let Some(why) = why {
+                let fetched = tokio::select! {
+                    t = source.get(why) => t,
+                    _ = stopped.wait_for(|s| *s) => break EndedBy::App,
+                };
+                match fetched {
+                    Some(t) => token = t,
+                    None => break EndedBy::Unauthorized,
+                }
+            }
+        }
         let base = &spec.gateways[gw % spec.gateways.len()];
         let started = Instant::now();
-        let session = WsClient::connect_with(base, &spec.token, spec.local_ip, &spec.tls);
-        let connected = tokio::time::timeout(Duration::from_secs(10), session);
-        let retry = |gw: &mut usize, backoff: &mut Duration| {
-            *gw += 1;
-            let wait = jitter(*backoff);
-            *backoff = (*backoff * 2).min(Duration::from_secs(5));
-            wait
+        let opened = tokio::select! {
+            o = tokio::time::timeout(HELLO_WITHIN, open(&spec, base, &token, &*observer)) => o,
+            _ = stopped.wait_for(|s| *s) => break EndedBy::App,
         };
-        let mut ws = match connected.await {
-            Ok(Ok(ws)) => ws,
-            _ if !spec.reconnect => break,
-            _ => {
-                let wait = retry(&mut gw, &mut backoff);
-                wait_or_stop(&mut stopped, wait).await;
-                continue;
+        let end = match opened {
+            Ok(Ok((mut ws, hello))) => {
+                backoff.reset();
+                st.log.sessions += 1;
+                let _ = status.send(Status::Online);
+                observer.online(true);
+                let hb = Duration::from_millis(hello.hb_ms);
+                let (observer, token) = (&*observer, &mut token);
+                let mut session = Session { spec: &spec, ws: &mut ws, st: &mut st, observer, started, hb, token };
+                let end = session.run(&mut stopped, &mut out).await;
+                observer.online(false);
+                for t in st.timelines.values_mut() {
+                    t.settle(false);
+                }
+                if let SessionEnd::Stopped = end {
+                    ws.close().await;
+                    break EndedBy::App;
+                }
+                end
             }
+            Ok(Err(end)) => end,
+            Err(_) => SessionEnd::Closed { code: None, hints: Hints::default() },
         };
-        let hb = match ws.next(Duration::from_secs(10)).await {
-            Some(WsEvent::Frame(ServerFrame::Hello(h))) => {
-                observer.frame(&ServerFrame::Hello(h.clone()));
-                Duration::from_millis(h.hb_ms)
-            }
-            other => {
-                if let Some(WsEvent::Frame(f)) = &other {
-                    observer.frame(f);
-                }
-                if let Some(WsEvent::Closed(code)) = other {
-                    observer.closed(code);
-                }
-                if !spec.reconnect {
-                    break;
-                }
-                let wait = match other {
-                    Some(WsEvent::Frame(ServerFrame::Error(e))) if e.code == ErrorCode::RateLimited => {
-                        jitter(Duration::from_millis(e.retry_after_ms.unwrap_or(500)))
-                    }
-                    _ => retry(&mut gw, &mut backoff),
-                };
-                wait_or_stop(&mut stopped, wait).await;
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(100);
-        st.log.sessions += 1;
-        let _ = status.send(Status::Online);
-        observer.online(true);
-        let mut session = Session { spec: &spec, ws: &mut ws, st: &mut st, observer: &*observer, started, hb };
-        let ended = session.run(&mut stopped, &mut out).await;
-        observer.online(false);
-        for t in st.timelines.values_mut() {
-            t.settle(false);
-        }
-        match ended {
-            Ended::Stopped => {
-                ws.close().await;
-                break;
-            }
-            _ if !spec.reconnect => break,
-            Ended::Lost => {
+        let SessionEnd::Closed { code, hints } = end else { break EndedBy::App };
+        match after_session(code, hints, policy, &mut backoff) {
+            Next::Stop(why) => break why,
+            Next::Reconnect { .. } if !spec.reconnect => break EndedBy::OneSession,
+            Next::Reconnect { after, new_token: renew } => {
+                // With several gateways, the next one: the last may be what failed.
                 gw += 1;
-                wait_or_stop(&mut stopped, jitter(Duration::from_millis(200))).await;
+                new_token = renew.then_some(TokenReason::Expired);
+                let _ = tokio::time::timeout(after, stopped.wait_for(|s| *s)).await;
             }
-            Ended::Reconnect(after) => wait_or_stop(&mut stopped, jitter(after)).await,
         }
-    }
-    let _ = status.send(Status::Ended);
+    };
+    let _ = status.send(Status::Ended(ended_by));
     st.log.stored = st.stored();
     st.log
 }
 
-async fn wait_or_stop(stopped: &mut watch::Receiver<bool>, d: Duration) {
-    let _ = tokio::time::timeout(d, async { stopped.wait_for(|s| *s).await.is_ok() }).await;
-}
-
-enum Ended {
-    Stopped,
-    Lost,
-    Reconnect(Duration),
-}
-
-/// One session of the device.
-struct Session<'a> {
-    spec: &'a DeviceSpec,
-    ws: &'a mut WsClient,
-    st: &'a mut State,
-    observer: &'a dyn Observer,
-    started: Instant,
-    hb: Duration,
-}
-
-impl Session<'_> {
-    async fn run(&mut self, stopped: &mut watch::Receiver<bool>, out: &mut mpsc::Receiver<Outgoing>) -> Ended {
-        let mut caught_up = false;
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        let mut last_ping = Instant::now();
-        let mut liveness = Liveness::new(self.hb, Instant::now());
-        let mut reconnect_after = None;
-        loop {
-            tokio::select! {
-                _ = stopped.changed() => return Ended::Stopped,
-                Some(o) = out.recv() => {
-                    let sent = match o {
-                        Outgoing::Frame(f) => self.ws.send(&f).await,
-                        Outgoing::Text(t) => self.ws.send_text(&t).await,
-                    };
-                    if sent.is_err() {
-                        return Ended::Lost;
-                    }
-                }
-                _ = tick.tick() => {
-                    let now = Instant::now();
-                    if liveness.is_lost(now) {
-                        return Ended::Lost;
-                    }
-                    if now.duration_since(last_ping) >= self.hb / 2 {
-                        last_ping = now;
-                        if self.ws.send(&ClientFrame::Ping(PingFrame { ts: None })).await.is_err() {
-                            return Ended::Lost;
-                        }
-                    }
-                    if caught_up && !self.fill_gaps(now).await {
-                        return Ended::Lost;
-                    }
-                }
-                ev = self.ws.next(Duration::from_secs(3600)) => match ev {
-                    Some(WsEvent::Frame(f)) => {
-                        liveness.heard(Instant::now());
-                        match f {
-                            ServerFrame::Msg(m) => {
-                                let via = if caught_up { Via::Realtime } else { Via::Backlog };
-                                self.observer.message(&m, via, self.started.elapsed());
-                                self.st.arrive(m.id.0, &m.conv, m.seq, via);
-                                if self.ws.send(&ClientFrame::Ack(AckFrame { ids: vec![m.id] })).await.is_err() {
-                                    return Ended::Lost;
-                                }
-                            }
-                            other => {
-                                self.observer.frame(&other);
-                                match other {
-                                    ServerFrame::CaughtUp(_) if !caught_up => {
-                                        caught_up = true;
-                                        self.st.log.catch_ups.push(self.started.elapsed());
-                                        self.observer.caught_up(self.started.elapsed());
-                                    }
-                                    ServerFrame::History(h) => {
-                                        if let Some(joined) = h.joined_seq {
-                                            self.st.joined(&h.conv, joined);
-                                        }
-                                        for m in &h.items {
-                                            self.st.arrive(m.id.0, &h.conv, m.seq, Via::Sync);
-                                        }
-                                        if let Some(t) = self.st.timelines.get_mut(&h.conv) {
-                                            t.settle(h.more);
-                                        }
-                                    }
-                                    ServerFrame::Reconnect(r) => reconnect_after = Some(Duration::from_millis(r.after_ms)),
-                                    _ => {}
-                                }
-                            }
-                        }
-                    }
-                    Some(WsEvent::Other(_)) => liveness.heard(Instant::now()),
-                    Some(WsEvent::Closed(code)) => {
-                        self.observer.closed(code);
-                        return reconnect_after.map_or(Ended::Lost, Ended::Reconnect);
-                    }
-                    None => return reconnect_after.map_or(Ended::Lost, Ended::Reconnect),
-                },
-            }
+/// Opens a session and waits for its `hello`: the token in the first frame (or the URL)
+/// and `herald.v1` offered, which the server must choose (tungstenite fails a handshake
+/// whose answer is another; an answer of none is checked here).
+async fn open(
+    spec: &DeviceSpec,
+    base: &str,
+    token: &str,
+    observer: &dyn Observer,
+) -> Result<(WsClient, Hello), SessionEnd> {
+    let lost = SessionEnd::Closed { code: None, hints: Hints::default() };
+    let protocols: &[&str] = if spec.offer_subprotocol { &[SUBPROTOCOL] } else { &[] };
+    let query_token = (spec.token_in == TokenIn::Query).then_some(token);
+    let upgrade = Upgrade { query_token, protocols, local: spec.local_ip, tls: Some(&spec.tls) };
+    let Ok((mut ws, chosen)) = WsClient::open(base, &upgrade).await else { return Err(lost) };
+    if spec.offer_subprotocol && chosen.as_deref() != Some(SUBPROTOCOL) {
+        ws.close().await;
+        return Err(lost);
+    }
+    if spec.token_in == TokenIn::Frame {
+        let auth = ClientFrame::Auth(TokenFrame { token: token.to_owned(), reference: None });
+        if ws.send(&auth).await.is_err() {
+            return Err(lost);
         }
     }
-
-    /// Asks for what a gap still open after `caught_up` is missing; false when the
-    /// session is gone.
-    async fn fill_gaps(&mut self, now: Instant) -> bool {
-        for (conv, after) in self.st.gaps_to_fill(now, self.spec.gap_sync_after) {
-            let f = ClientFrame::Sync(SyncFrame {
-                conv: conv.clone(),
-                after_seq: after,
-                limit: Some(200),
-                reference: Some(conv),
-            });
-            if self.ws.send(&f).await.is_err() {
-                return false;
+    // A refused session says why before it closes: `error rate_limited` with a hint.
+    let mut hints = Hints::default();
+    loop {
+        match ws.next(HELLO_WITHIN).await {
+            Some(WsEvent::Frame(ServerFrame::Hello(h))) => {
+                observer.frame(&ServerFrame::Hello(h.clone()));
+                return Ok((ws, h));
             }
+            Some(WsEvent::Frame(f)) => {
+                if let ServerFrame::Error(e) = &f {
+                    if e.code == ErrorCode::RateLimited {
+                        hints.retry_after = e.retry_after_ms.map(Duration::from_millis);
+                    }
+                }
+                observer.frame(&f);
+            }
+            Some(WsEvent::Other(_)) => {}
+            Some(WsEvent::Closed(code)) => {
+                observer.closed(code);
+                return Err(SessionEnd::Closed { code, hints });
+            }
+            None => return Err(SessionEnd::Closed { code: None, hints }),
         }
-        true
     }
 }
