@@ -2,7 +2,7 @@
 //! parts together and runs them.
 //!
 //! # Layout (lower modules never import higher ones; docs/architecture.md)
-//! - [`tls`]: the listener's optional TLS.
+//! - [`tls`]: the listener's optional TLS; [`mailbox`]: what the node hands a session.
 //! - Leaves: [`error`] (the API error), [`limits`] (rate and connection limits),
 //!   [`listener`] (the public listener), [`client_ip`] (the client behind trusted
 //!   proxies), [`waiters`] (requests awaiting answers),
@@ -25,6 +25,7 @@ pub mod history;
 pub mod ingress;
 pub mod limits;
 pub mod listener;
+pub mod mailbox;
 pub mod notices;
 pub mod recovery;
 pub mod session;

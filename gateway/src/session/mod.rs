@@ -33,7 +33,6 @@ mod upkeep;
 mod tests;
 
 use std::ops::ControlFlow;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,7 +56,8 @@ use crate::history::History;
 use crate::ingress::Ingress;
 use crate::limits::NodeLimits;
 use crate::recovery::{Recovery, RecoveryError};
-use crate::sessions::{Control, Registration, SessionRegistry};
+use crate::mailbox::Mailbox;
+use crate::sessions::{Control, SessionRegistry};
 use crate::watermarks::Marks;
 use backlog::BacklogPager;
 use inflight::{AckBatch, Heartbeat, Inflight};
@@ -198,9 +198,9 @@ where
 
     async fn serve(mut self) {
         let directory = self.env.directory.clone();
-        let reg = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
+        let mailbox = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
         let end = match self.start().await {
-            Ok(()) => self.event_loop(reg).await,
+            Ok(()) => self.event_loop(&mailbox).await,
             Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
             Err(e) => {
                 tracing::warn!(error = %e, "session start failed");
@@ -246,14 +246,13 @@ where
         self.send_stored_reads().await
     }
 
-    async fn event_loop(&mut self, reg: Registration) -> End {
-        let Registration { mut pushes, mut control, lagged } = reg;
+    async fn event_loop(&mut self, mailbox: &Mailbox) -> End {
         let drain = self.env.drain.clone();
         let mut tick = tokio::time::interval(Duration::from_millis(self.env.cfg.gateway.heartbeat_ms.min(1_000)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let never = Instant::now() + Duration::from_secs(86_400 * 365);
         loop {
-            if lagged.swap(false, Ordering::AcqRel) {
+            if mailbox.take_lagged() {
                 // Dropped pushes are still pending in Redis: read the set again.
                 self.backlog.restart();
             }
@@ -265,9 +264,10 @@ where
                 biased;
                 _ = drain.cancelled() => ControlFlow::Break(self.drain().await),
                 _ = tokio::time::sleep_until(self.expires) => ControlFlow::Break(End::Close(CloseCode::Unauthorized, "token expired")),
-                Some(c) = control.recv() => self.on_control(c).await,
+                c = mailbox.next_control() => self.on_control(c).await,
+                () = mailbox.lagged() => ControlFlow::Continue(()),
                 Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => self.on_answer(answer).await,
-                Some(push) = pushes.recv(), if self.inflight.has_room() => self.on_push(push).await,
+                push = mailbox.next_push(), if self.inflight.has_room() => self.on_push(push).await,
                 msg = self.socket.next() => self.on_socket(msg).await,
                 _ = tick.tick() => self.on_tick().await,
                 _ = tokio::time::sleep_until(resume.unwrap_or(never)), if resume.is_some() => {
