@@ -131,7 +131,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     };
     let limits = Arc::new(limits::NodeLimits::new(g));
     let drain = process.cancel().child_token();
-    let sessions = SessionEnv {
+    let sessions = Arc::new(SessionEnv {
         cfg: cfg.clone(),
         redis: redis.clone(),
         keys: keys.clone(),
@@ -149,7 +149,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         directory: directory.clone(),
         limits: limits.clone(),
         drain: drain.clone(),
-    };
+    });
     let state = AppState(Arc::new(Gateway {
         cfg: cfg.clone(),
         db: db.clone(),

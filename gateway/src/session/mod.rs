@@ -113,7 +113,7 @@ enum End {
 type Flow = ControlFlow<End>;
 
 pub struct Session<S> {
-    env: SessionEnv,
+    env: Arc<SessionEnv>,
     claims: Claims,
     device: DeviceKey,
     id: String,
@@ -149,13 +149,13 @@ where
     S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
 {
     /// Serves one device's session until it ends.
-    pub async fn run(env: SessionEnv, claims: Claims, socket: S) {
+    pub async fn run(env: Arc<SessionEnv>, claims: Claims, socket: S) {
         let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
         Session::new(env, claims, id, socket).serve().instrument(span).await
     }
 
-    fn new(env: SessionEnv, claims: Claims, id: String, socket: S) -> Session<S> {
+    fn new(env: Arc<SessionEnv>, claims: Claims, id: String, socket: S) -> Session<S> {
         let g = &env.cfg.gateway;
         let (page_size, backlog_rate) = if claims.plat.is_mobile() {
             (g.backlog_page_mobile, g.backlog_rate_mobile)
