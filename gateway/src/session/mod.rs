@@ -1,6 +1,6 @@
-//! One WebSocket session: a single loop over shutdown, control messages, answers to
-//! the device's requests, realtime pushes, socket reads, the heartbeat tick, the
-//! backlog pacing timer and the ack flush timer.
+//! One WebSocket session: a single loop over shutdown, its one timer (heartbeat, token
+//! expiry, backlog pacing, ack flush), control messages, answers to the device's
+//! requests, realtime pushes, socket reads and a new Redis epoch.
 //!
 //! Delivery rules (docs/architecture.md section 4): realtime pushes go first (biased
 //! select); backlog is read from the device's pending set in pages, each page acked
@@ -13,8 +13,8 @@
 //! # Layout
 //! - [`backlog`]: the pager's state; [`inflight`]: the window, ack batching, heartbeat.
 //! - [`presence`]: where the device is connected, one session per device.
-//! - `delivery`: pushes, backlog pages, acks; `upkeep`: the tick (heartbeat, epoch,
-//!   watermark); `requests`: send, sync and read; `reads`: read positions shown;
+//! - `delivery`: pushes, backlog pages, acks; `upkeep`: the timer and what it does
+//!   (heartbeat, epoch, watermark); `requests`: send, sync and read; `reads`: read positions shown;
 //!   `token`: the token's expiry and its refresh.
 //!
 //! The loop is generic over a `Stream` + `Sink` of WebSocket messages, so a test drives
@@ -142,6 +142,8 @@ pub struct Session<S> {
     stalled: bool,
     /// The token's expiry ends the session (4001); `refresh` moves it.
     expires: Instant,
+    /// When the upkeep last ran (see `upkeep`).
+    last_upkeep: Instant,
 }
 
 impl<S, E> Session<S>
@@ -188,6 +190,7 @@ where
             requests: JoinSet::new(),
             stalled: false,
             expires: token::expiry(claims.exp),
+            last_upkeep: now,
             env,
             claims,
             device,
@@ -248,9 +251,11 @@ where
 
     async fn event_loop(&mut self, mailbox: &Mailbox) -> End {
         let drain = self.env.drain.clone();
-        let mut tick = tokio::time::interval(Duration::from_millis(self.env.cfg.gateway.heartbeat_ms.min(1_000)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let never = Instant::now() + Duration::from_secs(86_400 * 365);
+        let mut epochs = self.env.epoch.subscribe();
+        // The session's one timer, set to whatever is due first (see `next_due`): an
+        // idle session sleeps from one ping to the next in the runtime's timer wheel.
+        let timer = tokio::time::sleep_until(self.next_due());
+        tokio::pin!(timer);
         loop {
             if mailbox.take_lagged() {
                 // Dropped pushes are still pending in Redis: read the set again.
@@ -259,22 +264,20 @@ where
             if let ControlFlow::Break(end) = self.read_backlog().await {
                 return end;
             }
-            let (resume, ack_due) = (self.backlog.resume_at(), self.acks.due());
+            let due = self.next_due();
+            if timer.deadline() != due {
+                timer.as_mut().reset(due);
+            }
             let flow = tokio::select! {
                 biased;
                 _ = drain.cancelled() => ControlFlow::Break(self.drain().await),
-                _ = tokio::time::sleep_until(self.expires) => ControlFlow::Break(End::Close(CloseCode::Unauthorized, "token expired")),
+                () = &mut timer => self.on_timer().await,
                 c = mailbox.next_control() => self.on_control(c).await,
                 () = mailbox.lagged() => ControlFlow::Continue(()),
                 Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => self.on_answer(answer).await,
                 push = mailbox.next_push(), if self.inflight.has_room() => self.on_push(push).await,
                 msg = self.socket.next() => self.on_socket(msg).await,
-                _ = tick.tick() => self.on_tick().await,
-                _ = tokio::time::sleep_until(resume.unwrap_or(never)), if resume.is_some() => {
-                    self.backlog.resume();
-                    ControlFlow::Continue(())
-                }
-                _ = tokio::time::sleep_until(ack_due.unwrap_or(never)), if ack_due.is_some() => self.on_ack_due().await,
+                Ok(()) = epochs.changed() => self.check_epoch().await,
             };
             if let ControlFlow::Break(end) = flow {
                 return end;
