@@ -199,10 +199,13 @@ where
         }
     }
 
+    /// While idle, a session holds the loop's resting state and nothing else: the start,
+    /// the end and every handler but a push run boxed, so their futures (Redis and MySQL
+    /// calls nested deep: 13 KiB when they were inline) exist only while they run.
     async fn serve(mut self) {
         let directory = self.env.directory.clone();
         let mailbox = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
-        let end = match self.start().await {
+        let end = match Box::pin(self.start()).await {
             Ok(()) => self.event_loop(&mailbox).await,
             Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
             Err(e) => {
@@ -210,6 +213,12 @@ where
                 End::Close(CloseCode::InternalError, "dependency unavailable")
             }
         };
+        Box::pin(self.finish(end, &directory)).await
+    }
+
+    /// Closes the socket (with a code when the server ends the session), then records
+    /// what the session leaves: its acks, its watermark, its presence gone.
+    async fn finish(&mut self, end: End, directory: &SessionRegistry) {
         metrics::counter!("herald_sessions_closed_total", "reason" => end.reason()).increment(1);
         if let End::Close(code, reason) = end {
             let close = Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }));
@@ -270,14 +279,15 @@ where
             }
             let flow = tokio::select! {
                 biased;
-                _ = drain.cancelled() => ControlFlow::Break(self.drain().await),
-                () = &mut timer => self.on_timer().await,
-                c = mailbox.next_control() => self.on_control(c).await,
+                _ = drain.cancelled() => ControlFlow::Break(Box::pin(self.drain()).await),
+                () = &mut timer => Box::pin(self.on_timer()).await,
+                c = mailbox.next_control() => Box::pin(self.on_control(c)).await,
                 () = mailbox.lagged() => ControlFlow::Continue(()),
-                Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => self.on_answer(answer).await,
+                Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => Box::pin(self.on_answer(answer)).await,
+                // Inline: a write and its deadline, small; pushes are the hot path.
                 push = mailbox.next_push(), if self.inflight.has_room() => self.on_push(push).await,
-                msg = self.socket.next() => self.on_socket(msg).await,
-                Ok(()) = epochs.changed() => self.check_epoch().await,
+                msg = self.socket.next() => Box::pin(self.on_socket(msg)).await,
+                Ok(()) = epochs.changed() => Box::pin(self.check_epoch()).await,
             };
             if let ControlFlow::Break(end) = flow {
                 return end;
