@@ -47,9 +47,15 @@ impl Inflight {
         true
     }
 
-    /// An ack: true when the id was in flight.
+    /// An ack: true when the id was in flight. An emptied window gives its memory back
+    /// (it grows to `inflight_window` entries under a backlog, and would keep that while
+    /// the session idles).
     pub fn ack(&mut self, id: MsgId) -> bool {
-        self.sent.remove(&id).is_some()
+        let was = self.sent.remove(&id).is_some();
+        if self.sent.is_empty() {
+            self.sent.shrink_to_fit();
+        }
+        was
     }
 
     pub fn is_empty(&self) -> bool {
@@ -231,6 +237,8 @@ mod tests {
         assert!(!w.has_room());
         assert!(w.ack(MsgId(1)) && !w.ack(MsgId(1)) && !w.ack(MsgId(7)));
         assert!(w.has_room() && w.contains(MsgId(2)) && !w.contains(MsgId(1)));
+        assert!(w.ack(MsgId(2)) && w.sent.capacity() == 0, "an emptied window holds no memory");
+        w.insert(MsgId(2), now);
         tokio::time::advance(ms(1_001)).await;
         assert!(w.overdue(Instant::now(), ms(1_000)));
         w.refresh(Instant::now());
