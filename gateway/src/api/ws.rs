@@ -6,6 +6,7 @@
 //! header on a WebSocket either, so a client may leave the token out of the upgrade and
 //! send it as the first frame (`auth`), within `gateway.handshake_timeout_ms`.
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::response::Response;
+use futures::FutureExt;
 use herald_shared::auth::{verify, Claims};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame, SUBPROTOCOL};
@@ -159,12 +161,20 @@ async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<
     }
 }
 
-async fn serve(state: AppState, ip: Option<IpAddr>, claims: Claims, permit: ConnectionPermit, socket: WebSocket) {
-    // The slot is held for the whole session and given back when it ends.
-    let _permit = permit;
+/// The session with the connection's slot. Neither an `async fn` nor an `async` block:
+/// either would keep a second copy of what it awaits (the socket, the session) in the
+/// session's task.
+fn serve(
+    state: AppState,
+    ip: Option<IpAddr>,
+    claims: Claims,
+    permit: ConnectionPermit,
+    socket: WebSocket,
+) -> impl Future<Output = ()> {
     // The client's address in every line the session logs.
     let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
-    Session::run(state.sessions.clone(), claims, socket).instrument(span).await
+    // The slot is held for the whole session and given back when it ends.
+    Session::run(state.sessions.clone(), claims, socket).instrument(span).map(move |()| drop(permit))
 }
 
 pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {

@@ -32,6 +32,7 @@ mod upkeep;
 #[cfg(test)]
 mod tests;
 
+use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,11 +151,13 @@ impl<S, E> Session<S>
 where
     S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
 {
-    /// Serves one device's session until it ends.
-    pub async fn run(env: Arc<SessionEnv>, claims: Claims, socket: S) {
+    /// Serves one device's session until it ends. Not an `async fn`: its arguments
+    /// would stay in the session's future, a second copy beside the session they
+    /// moved into.
+    pub fn run(env: Arc<SessionEnv>, claims: Claims, socket: S) -> impl Future<Output = ()> {
         let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
-        Session::new(env, claims, id, socket).serve().instrument(span).await
+        Session::new(env, claims, id, socket).serve().instrument(span)
     }
 
     fn new(env: Arc<SessionEnv>, claims: Claims, id: String, socket: S) -> Session<S> {
