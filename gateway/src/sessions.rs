@@ -6,11 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use herald_shared::protocol::ReadPosition;
 
-pub use crate::mailbox::{Control, Push};
 use crate::mailbox::Mailbox;
+pub use crate::mailbox::{Control, Push};
 
 pub use herald_shared::keys::DeviceKey;
-
 
 #[derive(Debug)]
 struct Entry {

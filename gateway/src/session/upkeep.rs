@@ -54,7 +54,8 @@ where
         if self.acks.due().is_some_and(|t| t <= now) {
             self.on_ack_due().await?;
         }
-        let upkeep_due = self.heartbeat.next_due(self.last_upkeep, &self.inflight).min(self.last_mark + self.mark_every());
+        let upkeep_due =
+            self.heartbeat.next_due(self.last_upkeep, &self.inflight).min(self.last_mark + self.mark_every());
         if upkeep_due <= now || self.epoch.is_behind(&self.env.epoch) {
             self.last_upkeep = now;
             return self.on_upkeep().await;
