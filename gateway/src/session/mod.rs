@@ -13,14 +13,16 @@
 //! # Layout
 //! - [`backlog`]: the pager's state; [`inflight`]: the window, ack batching, heartbeat.
 //! - [`presence`]: where the device is connected, one session per device.
-//! - `delivery`: pushes, backlog pages, acks; `upkeep`: the timer and what it does
-//!   (heartbeat, epoch, watermark); `requests`: send, sync and read; `reads`: read positions shown;
-//!   `token`: the token's expiry and its refresh.
+//! - `closing`: the node's drain and the session's end; `delivery`: pushes, backlog
+//!   pages, acks; `upkeep`: the timer and what it does (heartbeat, epoch, watermark);
+//!   `requests`: send, sync and read; `reads`: read positions shown; `token`: the
+//!   token's expiry and its refresh.
 //!
 //! The loop is generic over a `Stream` + `Sink` of WebSocket messages, so a test drives
 //! a session over channels.
 
 mod backlog;
+mod closing;
 mod delivery;
 mod inflight;
 mod presence;
@@ -37,7 +39,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
+use axum::extract::ws::{Message, Utf8Bytes};
 use fred::interfaces::{HashesInterface, SortedSetsInterface};
 use fred::prelude::Pool;
 use futures::{Sink, SinkExt, Stream, StreamExt};
@@ -45,7 +47,7 @@ use governor::DefaultDirectRateLimiter;
 use herald_shared::auth::Claims;
 use herald_shared::config::Config;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
-use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, Hello, Reconnect, ServerFrame};
+use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, Hello, ServerFrame};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -219,24 +221,6 @@ where
         Box::pin(self.finish(end, &directory)).await
     }
 
-    /// Closes the socket (with a code when the server ends the session), then records
-    /// what the session leaves: its acks, its watermark, its presence gone.
-    async fn finish(&mut self, end: End, directory: &SessionRegistry) {
-        metrics::counter!("herald_sessions_closed_total", "reason" => end.reason()).increment(1);
-        if let End::Close(code, reason) = end {
-            let close = Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }));
-            // Bounded: a stalled peer does not get the write deadline again.
-            let _ = tokio::time::timeout(Duration::from_secs(2), self.socket.send(close)).await;
-        }
-        directory.unregister(&self.device, &self.id);
-        if let Err(e) = self.flush_acks().await {
-            tracing::warn!(error = %e, "final acks could not be recorded yet; the node retries them");
-            self.leave_acks();
-        }
-        self.report_watermark().await;
-        self.presence.clear(self.env.redis.next()).await;
-    }
-
     /// Presence (replacing a session elsewhere), a complete pending set, `hello`, and
     /// the read positions waiting for the device.
     async fn start(&mut self) -> Result<(), SessionError> {
@@ -361,27 +345,6 @@ where
                 self.protocol_error(f.reference, why).await
             }
         }
-    }
-
-    /// Server shutdown: tell the client when to come back (spread over the drain
-    /// period), give it a moment to ack what is in flight, then close with 4003.
-    async fn drain(&mut self) -> End {
-        let drain_ms = self.env.cfg.gateway.drain_ms;
-        let after_ms = rand::random::<u64>() % drain_ms.max(1);
-        self.send_frame(Reconnect { after_ms }).await;
-        let deadline = Instant::now() + Duration::from_millis(drain_ms.min(2_000));
-        while !self.inflight.is_empty() {
-            match tokio::time::timeout_at(deadline, self.socket.next()).await {
-                Ok(Some(Ok(Message::Text(t)))) => {
-                    if let Ok(ClientFrame::Ack(a)) = ClientFrame::parse(t.as_str()) {
-                        let _ = self.on_ack(a.ids).await;
-                    }
-                }
-                Ok(Some(Ok(_))) => {}
-                _ => break,
-            }
-        }
-        End::Close(CloseCode::Draining, "server draining; reconnect")
     }
 
     /// Writes a text frame; false when the socket is gone or stalled.
