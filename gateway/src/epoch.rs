@@ -4,13 +4,14 @@
 //! lost its data, and the first process to notice sets a new one. A device's pending
 //! set is trusted only when its marker names the current epoch (otherwise it is
 //! rebuilt from MySQL). The node's health loop reads the epoch every half second; a
-//! session compares a counter every tick and reads the string only when it changed.
+//! session is woken when the counter moves and reads the string only then.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
+use tokio::sync::watch;
 
 /// Reads the epoch, starting a new one when Redis has none (it lost its data).
 pub async fn current_epoch(redis: &Pool, key: &str) -> Result<String, Error> {
@@ -58,11 +59,15 @@ struct Inner {
     epoch: RwLock<String>,
     /// Bumped whenever `epoch` changes.
     generation: AtomicU64,
+    /// Wakes the sessions when `generation` moves: one node-wide signal instead of a
+    /// check on every session's timer.
+    changes: watch::Sender<u64>,
 }
 
 impl EpochWatch {
     pub fn new(epoch: String) -> EpochWatch {
-        EpochWatch(Arc::new(Inner { epoch: RwLock::new(epoch), generation: AtomicU64::new(0) }))
+        let changes = watch::Sender::new(0);
+        EpochWatch(Arc::new(Inner { epoch: RwLock::new(epoch), generation: AtomicU64::new(0), changes }))
     }
 
     /// The generation first: a change after this read is noticed at the next check.
@@ -75,12 +80,18 @@ impl EpochWatch {
         self.0.generation.load(Ordering::Acquire)
     }
 
+    /// Changes from now on: `changed()` is ready once the epoch moved.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.changes.subscribe()
+    }
+
     /// Records what Redis says now.
     pub fn update(&self, epoch: &str) {
         let mut current = self.0.epoch.write().expect("epoch");
         if *current != epoch {
             *current = epoch.to_owned();
-            self.0.generation.fetch_add(1, Ordering::AcqRel);
+            let generation = self.0.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            self.0.changes.send_replace(generation);
         }
     }
 }
@@ -111,6 +122,11 @@ impl EpochSeen {
         Some((generation, epoch))
     }
 
+    /// Whether the node's epoch moved since this one was seen (cheap: a counter).
+    pub fn is_behind(&self, watch: &EpochWatch) -> bool {
+        watch.generation() != self.generation
+    }
+
     /// The session's pending set is now complete for this epoch.
     pub fn accept(&mut self, generation: u64, epoch: String) {
         self.generation = generation;
@@ -126,10 +142,13 @@ mod tests {
     fn a_session_sees_a_new_epoch_once_and_only_when_it_differs() {
         let watch = EpochWatch::new("a".into());
         let mut seen = EpochSeen::new(&watch);
+        let changes = watch.subscribe();
         assert_eq!(seen.changed(&watch), None);
         watch.update("a");
         assert_eq!(seen.changed(&watch), None, "same epoch: no generation bump");
+        assert!(!changes.has_changed().unwrap(), "sessions are not woken for the same epoch");
         watch.update("b");
+        assert!(changes.has_changed().unwrap() && seen.is_behind(&watch), "a new epoch wakes the sessions");
         let (generation, epoch) = seen.changed(&watch).expect("a new epoch");
         assert_eq!(epoch, "b");
         assert!(seen.changed(&watch).is_some(), "still changed until accepted (a rebuild may fail)");

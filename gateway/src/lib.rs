@@ -2,7 +2,7 @@
 //! parts together and runs them.
 //!
 //! # Layout (lower modules never import higher ones; docs/architecture.md)
-//! - [`tls`]: the listener's optional TLS.
+//! - [`tls`]: the listener's optional TLS; [`mailbox`]: what the node hands a session.
 //! - Leaves: [`error`] (the API error), [`limits`] (rate and connection limits),
 //!   [`listener`] (the public listener), [`client_ip`] (the client behind trusted
 //!   proxies), [`waiters`] (requests awaiting answers),
@@ -25,6 +25,7 @@ pub mod history;
 pub mod ingress;
 pub mod limits;
 pub mod listener;
+pub mod mailbox;
 pub mod notices;
 pub mod recovery;
 pub mod session;
@@ -130,7 +131,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     };
     let limits = Arc::new(limits::NodeLimits::new(g));
     let drain = process.cancel().child_token();
-    let sessions = SessionEnv {
+    let sessions = Arc::new(SessionEnv {
         cfg: cfg.clone(),
         redis: redis.clone(),
         keys: keys.clone(),
@@ -148,7 +149,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         directory: directory.clone(),
         limits: limits.clone(),
         drain: drain.clone(),
-    };
+    });
     let state = AppState(Arc::new(Gateway {
         cfg: cfg.clone(),
         db: db.clone(),

@@ -2,40 +2,19 @@
 //! pushes, read positions and kicks from the node channel reach them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use herald_shared::ids::MsgId;
 use herald_shared::protocol::ReadPosition;
-use tokio::sync::mpsc;
+
+use crate::mailbox::Mailbox;
+pub use crate::mailbox::{Control, Push};
 
 pub use herald_shared::keys::DeviceKey;
-
-/// A realtime push: the frame's bytes are allocated once per node and shared
-/// (reference counted) by every session that writes them.
-#[derive(Debug, Clone)]
-pub struct Push {
-    pub id: MsgId,
-    pub frame: axum::extract::ws::Utf8Bytes,
-}
-
-/// Control messages to a session.
-#[derive(Debug)]
-pub enum Control {
-    /// A newer session of the same device exists (close 4002).
-    Replaced,
-    /// A read position to show; kept in Redis until a pong confirms it.
-    Read(ReadPosition),
-}
 
 #[derive(Debug)]
 struct Entry {
     session: String,
-    pushes: mpsc::Sender<Push>,
-    control: mpsc::Sender<Control>,
-    /// Set when a push was dropped because the session's queue was full: the session
-    /// re-reads its pending set, where the message still is.
-    lagged: Arc<AtomicBool>,
+    mailbox: Arc<Mailbox>,
 }
 
 #[derive(Debug, Default)]
@@ -43,27 +22,18 @@ pub struct SessionRegistry {
     sessions: Mutex<HashMap<DeviceKey, Entry>>,
 }
 
-/// What a session needs from its registration.
-#[derive(Debug)]
-pub struct Registration {
-    pub pushes: mpsc::Receiver<Push>,
-    pub control: mpsc::Receiver<Control>,
-    pub lagged: Arc<AtomicBool>,
-}
-
 impl SessionRegistry {
-    /// Registers a session; an older local session of the device is told it is replaced.
-    pub fn register(&self, key: DeviceKey, session: String, queue: usize) -> Registration {
-        let (push_tx, pushes) = mpsc::channel(queue);
-        // Kicks and read positions; a full queue loses nothing (positions wait in Redis).
-        let (control_tx, control) = mpsc::channel(1_024);
-        let lagged = Arc::new(AtomicBool::new(false));
-        let entry = Entry { session, pushes: push_tx, control: control_tx, lagged: lagged.clone() };
+    /// Registers a session, which reads its pushes and control messages from the
+    /// mailbox returned (at most `queue` pushes wait in it); an older local session of
+    /// the device is told it is replaced.
+    pub fn register(&self, key: DeviceKey, session: String, queue: usize) -> Arc<Mailbox> {
+        let mailbox = Arc::new(Mailbox::new(queue));
+        let entry = Entry { session, mailbox: mailbox.clone() };
         if let Some(old) = self.sessions.lock().expect("sessions").insert(key, entry) {
-            let _ = old.control.try_send(Control::Replaced);
+            old.mailbox.control(Control::Replaced);
         }
         metrics::gauge!("herald_gateway_sessions").increment(1.0);
-        Registration { pushes, control, lagged }
+        mailbox
     }
 
     /// Removes the session if it is still the registered one for its device.
@@ -79,7 +49,7 @@ impl SessionRegistry {
     pub fn kick(&self, key: &DeviceKey, session: &str) {
         let map = self.sessions.lock().expect("sessions");
         if let Some(e) = map.get(key).filter(|e| e.session == session) {
-            let _ = e.control.try_send(Control::Replaced);
+            e.mailbox.control(Control::Replaced);
         }
     }
 
@@ -91,12 +61,10 @@ impl SessionRegistry {
             metrics::counter!("herald_pushes_total", "outcome" => "not_here").increment(1);
             return;
         };
-        match e.pushes.try_send(push) {
-            Ok(()) => metrics::counter!("herald_pushes_total", "outcome" => "queued").increment(1),
-            Err(_) => {
-                e.lagged.store(true, Ordering::Release);
-                metrics::counter!("herald_pushes_total", "outcome" => "dropped_slow_consumer").increment(1);
-            }
+        if e.mailbox.push(push) {
+            metrics::counter!("herald_pushes_total", "outcome" => "queued").increment(1);
+        } else {
+            metrics::counter!("herald_pushes_total", "outcome" => "dropped_slow_consumer").increment(1);
         }
     }
 
@@ -106,7 +74,7 @@ impl SessionRegistry {
         let map = self.sessions.lock().expect("sessions");
         if let Some(e) = map.get(key) {
             let position = ReadPosition { conv: conv.to_owned(), user: user.to_owned(), seq };
-            let _ = e.control.try_send(Control::Read(position));
+            e.mailbox.control(Control::Read(position));
         }
     }
 
@@ -114,7 +82,7 @@ impl SessionRegistry {
     /// node channel was disconnected never arrived, but they are still pending.
     pub fn reread_all(&self) {
         for e in self.sessions.lock().expect("sessions").values() {
-            e.lagged.store(true, Ordering::Release);
+            e.mailbox.mark_lagged();
         }
     }
 

@@ -24,8 +24,8 @@ pub struct Gateway {
     pub ingress: Ingress,
     pub devices: DeviceRegistry,
     pub limits: Arc<NodeLimits>,
-    /// What each WebSocket session is given.
-    pub sessions: SessionEnv,
+    /// What each WebSocket session is given: shared, not copied per session.
+    pub sessions: Arc<SessionEnv>,
     /// Every WebSocket task: axum does not track upgraded sockets, and a drain waits
     /// for them.
     pub session_tasks: TaskTracker,

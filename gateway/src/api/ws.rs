@@ -6,6 +6,7 @@
 //! header on a WebSocket either, so a client may leave the token out of the upgrade and
 //! send it as the first frame (`auth`), within `gateway.handshake_timeout_ms`.
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::response::Response;
+use futures::FutureExt;
 use herald_shared::auth::{verify, Claims};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame, SUBPROTOCOL};
@@ -56,8 +58,11 @@ impl Refusal {
 
 pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, ws: WebSocketUpgrade) -> Response {
     // Explicit buffer sizes: tungstenite's defaults hold 128 KiB + 128 KiB per connection.
-    // Reads: the hard message cap is above twice the protocol's frame limit, so an
-    // oversized frame is answered with `too_large`, not cut. Writes: the buffer takes the
+    // Reads: a 1 KiB buffer, which every session holds for its life, idle or not (it was
+    // 4 KiB: docs/benchmarks.md, idle session memory); client frames are mostly acks and
+    // short sends, and a longer one is read in 1 KiB steps into a buffer of its size. The
+    // hard message cap is above twice the protocol's frame limit, so an oversized frame
+    // is answered with `too_large`, not cut. Writes: the buffer takes the
     // largest frame the gateway writes (a full history page), so none is dropped for size.
     // `herald.v1` is echoed when offered; a client offering none (or only others) still
     // gets its session, without a subprotocol, as before the version was named.
@@ -65,7 +70,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     let hard_cap = ((g.max_body_bytes * 2 + 4096) * 2).max(1 << 20);
     let ws = ws
         .protocols([SUBPROTOCOL])
-        .read_buffer_size(4 * 1024)
+        .read_buffer_size(1024)
         .write_buffer_size(0)
         .max_write_buffer_size(g.largest_frame_bytes() * 2)
         .max_message_size(hard_cap)
@@ -156,12 +161,20 @@ async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<
     }
 }
 
-async fn serve(state: AppState, ip: Option<IpAddr>, claims: Claims, permit: ConnectionPermit, socket: WebSocket) {
-    // The slot is held for the whole session and given back when it ends.
-    let _permit = permit;
+/// The session with the connection's slot. Neither an `async fn` nor an `async` block:
+/// either would keep a second copy of what it awaits (the socket, the session) in the
+/// session's task.
+fn serve(
+    state: AppState,
+    ip: Option<IpAddr>,
+    claims: Claims,
+    permit: ConnectionPermit,
+    socket: WebSocket,
+) -> impl Future<Output = ()> {
     // The client's address in every line the session logs.
     let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
-    Session::run(state.sessions.clone(), claims, socket).instrument(span).await
+    // The slot is held for the whole session and given back when it ends.
+    Session::run(state.sessions.clone(), claims, socket).instrument(span).map(move |()| drop(permit))
 }
 
 pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {

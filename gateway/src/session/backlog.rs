@@ -75,7 +75,8 @@ impl BacklogPager {
         self.check_band = true;
         self.band = None;
         self.cursor = Cursor::Start;
-        self.outstanding.clear();
+        // Released, not cleared: a page's set is the size of a page.
+        self.outstanding = HashSet::new();
         self.done = false;
     }
 
@@ -188,6 +189,10 @@ impl BacklogPager {
         let was = self.outstanding.remove(&id);
         if was {
             self.delivered += 1;
+        }
+        if self.outstanding.is_empty() {
+            // The page is done: its memory goes until the next one.
+            self.outstanding.shrink_to_fit();
         }
         was
     }

@@ -67,10 +67,13 @@ where
                 return ControlFlow::Continue(false);
             }
         }
+        // Boxed: this runs on every turn of the loop, whose resting state must stay small.
         let read = match request {
-            PageRequest::CheckBand => self.check_band().await,
-            PageRequest::Band { band, after, advance_to, want } => self.read_band(band, after, advance_to, want).await,
-            PageRequest::Set { after, want } => self.read_page(after, want).await,
+            PageRequest::CheckBand => Box::pin(self.check_band()).await,
+            PageRequest::Band { band, after, advance_to, want } => {
+                Box::pin(self.read_band(band, after, advance_to, want)).await
+            }
+            PageRequest::Set { after, want } => Box::pin(self.read_page(after, want)).await,
         };
         match read {
             Ok(()) => ControlFlow::Continue(true),

@@ -47,9 +47,15 @@ impl Inflight {
         true
     }
 
-    /// An ack: true when the id was in flight.
+    /// An ack: true when the id was in flight. An emptied window gives its memory back
+    /// (it grows to `inflight_window` entries under a backlog, and would keep that while
+    /// the session idles).
     pub fn ack(&mut self, id: MsgId) -> bool {
-        self.sent.remove(&id).is_some()
+        let was = self.sent.remove(&id).is_some();
+        if self.sent.is_empty() {
+            self.sent.shrink_to_fit();
+        }
+        was
     }
 
     pub fn is_empty(&self) -> bool {
@@ -114,6 +120,9 @@ impl AckBatch {
     }
 }
 
+/// How often a session with pushes in flight looks for overdue ones.
+const BUSY_CHECK: Duration = Duration::from_secs(1);
+
 /// Why the heartbeat gave a connection up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dead {
@@ -173,6 +182,18 @@ impl Heartbeat {
         }
     }
 
+    /// When [`Heartbeat::tick`] next has something to do, after a tick at `last_tick`:
+    /// the next ping or the idle limit; while pushes are in flight or a probe is out,
+    /// also every second (or every interval, if shorter), where overdue pushes and an
+    /// unanswered probe are found. An idle session is not woken between its pings.
+    pub fn next_due(&self, last_tick: Instant, inflight: &Inflight) -> Instant {
+        let due = (self.last_ping + self.interval).min(self.last_seen + self.idle_limit + Duration::from_millis(1));
+        if self.probe.is_some() || !inflight.is_empty() {
+            return due.min(last_tick + self.interval.min(BUSY_CHECK));
+        }
+        due
+    }
+
     pub fn tick(&mut self, now: Instant, inflight: &Inflight) -> Result<Beat, Dead> {
         if now.duration_since(self.last_seen) > self.idle_limit {
             return Err(Dead::Idle);
@@ -216,6 +237,8 @@ mod tests {
         assert!(!w.has_room());
         assert!(w.ack(MsgId(1)) && !w.ack(MsgId(1)) && !w.ack(MsgId(7)));
         assert!(w.has_room() && w.contains(MsgId(2)) && !w.contains(MsgId(1)));
+        assert!(w.ack(MsgId(2)) && w.sent.capacity() == 0, "an emptied window holds no memory");
+        w.insert(MsgId(2), now);
         tokio::time::advance(ms(1_001)).await;
         assert!(w.overdue(Instant::now(), ms(1_000)));
         w.refresh(Instant::now());
@@ -257,6 +280,23 @@ mod tests {
         tokio::time::advance(ms(2_500)).await;
         assert!(hb.tick(Instant::now(), &w).is_ok(), "2.5 intervals exactly is still alive");
         tokio::time::advance(ms(1)).await;
+        assert_eq!(hb.tick(Instant::now(), &w), Err(Dead::Idle));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_session_is_due_at_its_next_ping_a_busy_one_every_second() {
+        let t0 = Instant::now();
+        let mut hb = Heartbeat::new(ms(25_000), ms(10_000), ms(5_000), t0);
+        let mut w = Inflight::new(4);
+        assert_eq!(hb.next_due(t0, &w), t0 + ms(25_000), "idle: nothing until the ping");
+        w.insert(MsgId(1), t0);
+        assert_eq!(hb.next_due(t0, &w), t0 + ms(1_000), "a push in flight: checked every second");
+        w.ack(MsgId(1));
+        // A silent client: after two pings, the idle limit comes before the third.
+        tokio::time::advance(ms(50_000)).await;
+        assert_eq!(hb.tick(Instant::now(), &w).map(|b| b.ping), Ok(true));
+        assert_eq!(hb.next_due(Instant::now(), &w), t0 + ms(62_501));
+        tokio::time::advance(ms(12_501)).await;
         assert_eq!(hb.tick(Instant::now(), &w), Err(Dead::Idle));
     }
 

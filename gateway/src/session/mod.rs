@@ -1,6 +1,6 @@
-//! One WebSocket session: a single loop over shutdown, control messages, answers to
-//! the device's requests, realtime pushes, socket reads, the heartbeat tick, the
-//! backlog pacing timer and the ack flush timer.
+//! One WebSocket session: a single loop over shutdown, its one timer (heartbeat, token
+//! expiry, backlog pacing, ack flush), control messages, answers to the device's
+//! requests, realtime pushes, socket reads and a new Redis epoch.
 //!
 //! Delivery rules (docs/architecture.md section 4): realtime pushes go first (biased
 //! select); backlog is read from the device's pending set in pages, each page acked
@@ -13,14 +13,16 @@
 //! # Layout
 //! - [`backlog`]: the pager's state; [`inflight`]: the window, ack batching, heartbeat.
 //! - [`presence`]: where the device is connected, one session per device.
-//! - `delivery`: pushes, backlog pages, acks; `upkeep`: the tick (heartbeat, epoch,
-//!   watermark); `requests`: send, sync and read; `reads`: read positions shown;
-//!   `token`: the token's expiry and its refresh.
+//! - `closing`: the node's drain and the session's end; `delivery`: pushes, backlog
+//!   pages, acks; `upkeep`: the timer and what it does (heartbeat, epoch, watermark);
+//!   `requests`: send, sync and read; `reads`: read positions shown; `token`: the
+//!   token's expiry and its refresh.
 //!
 //! The loop is generic over a `Stream` + `Sink` of WebSocket messages, so a test drives
 //! a session over channels.
 
 mod backlog;
+mod closing;
 mod delivery;
 mod inflight;
 mod presence;
@@ -32,12 +34,12 @@ mod upkeep;
 #[cfg(test)]
 mod tests;
 
+use std::future::Future;
 use std::ops::ControlFlow;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
+use axum::extract::ws::{Message, Utf8Bytes};
 use fred::interfaces::{HashesInterface, SortedSetsInterface};
 use fred::prelude::Pool;
 use futures::{Sink, SinkExt, Stream, StreamExt};
@@ -45,7 +47,7 @@ use governor::DefaultDirectRateLimiter;
 use herald_shared::auth::Claims;
 use herald_shared::config::Config;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
-use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, Hello, Reconnect, ServerFrame};
+use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, Hello, ServerFrame};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -56,8 +58,9 @@ use crate::epoch::{EpochSeen, EpochWatch};
 use crate::history::History;
 use crate::ingress::Ingress;
 use crate::limits::NodeLimits;
+use crate::mailbox::Mailbox;
 use crate::recovery::{Recovery, RecoveryError};
-use crate::sessions::{Control, Registration, SessionRegistry};
+use crate::sessions::{Control, SessionRegistry};
 use crate::watermarks::Marks;
 use backlog::BacklogPager;
 use inflight::{AckBatch, Heartbeat, Inflight};
@@ -113,7 +116,7 @@ enum End {
 type Flow = ControlFlow<End>;
 
 pub struct Session<S> {
-    env: SessionEnv,
+    env: Arc<SessionEnv>,
     claims: Claims,
     device: DeviceKey,
     id: String,
@@ -142,20 +145,24 @@ pub struct Session<S> {
     stalled: bool,
     /// The token's expiry ends the session (4001); `refresh` moves it.
     expires: Instant,
+    /// When the upkeep last ran (see `upkeep`).
+    last_upkeep: Instant,
 }
 
 impl<S, E> Session<S>
 where
     S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
 {
-    /// Serves one device's session until it ends.
-    pub async fn run(env: SessionEnv, claims: Claims, socket: S) {
+    /// Serves one device's session until it ends. Not an `async fn`: its arguments
+    /// would stay in the session's future, a second copy beside the session they
+    /// moved into.
+    pub fn run(env: Arc<SessionEnv>, claims: Claims, socket: S) -> impl Future<Output = ()> {
         let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
-        Session::new(env, claims, id, socket).serve().instrument(span).await
+        Session::new(env, claims, id, socket).serve().instrument(span)
     }
 
-    fn new(env: SessionEnv, claims: Claims, id: String, socket: S) -> Session<S> {
+    fn new(env: Arc<SessionEnv>, claims: Claims, id: String, socket: S) -> Session<S> {
         let g = &env.cfg.gateway;
         let (page_size, backlog_rate) = if claims.plat.is_mobile() {
             (g.backlog_page_mobile, g.backlog_rate_mobile)
@@ -188,6 +195,7 @@ where
             requests: JoinSet::new(),
             stalled: false,
             expires: token::expiry(claims.exp),
+            last_upkeep: now,
             env,
             claims,
             device,
@@ -196,30 +204,21 @@ where
         }
     }
 
+    /// While idle, a session holds the loop's resting state and nothing else: the start,
+    /// the end and every handler but a push run boxed, so their futures (Redis and MySQL
+    /// calls nested deep: 13 KiB when they were inline) exist only while they run.
     async fn serve(mut self) {
         let directory = self.env.directory.clone();
-        let reg = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
-        let end = match self.start().await {
-            Ok(()) => self.event_loop(reg).await,
+        let mailbox = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
+        let end = match Box::pin(self.start()).await {
+            Ok(()) => self.event_loop(&mailbox).await,
             Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
             Err(e) => {
                 tracing::warn!(error = %e, "session start failed");
                 End::Close(CloseCode::InternalError, "dependency unavailable")
             }
         };
-        metrics::counter!("herald_sessions_closed_total", "reason" => end.reason()).increment(1);
-        if let End::Close(code, reason) = end {
-            let close = Message::Close(Some(CloseFrame { code: code.code(), reason: reason.into() }));
-            // Bounded: a stalled peer does not get the write deadline again.
-            let _ = tokio::time::timeout(Duration::from_secs(2), self.socket.send(close)).await;
-        }
-        directory.unregister(&self.device, &self.id);
-        if let Err(e) = self.flush_acks().await {
-            tracing::warn!(error = %e, "final acks could not be recorded yet; the node retries them");
-            self.leave_acks();
-        }
-        self.report_watermark().await;
-        self.presence.clear(self.env.redis.next()).await;
+        Box::pin(self.finish(end, &directory)).await
     }
 
     /// Presence (replacing a session elsewhere), a complete pending set, `hello`, and
@@ -246,35 +245,36 @@ where
         self.send_stored_reads().await
     }
 
-    async fn event_loop(&mut self, reg: Registration) -> End {
-        let Registration { mut pushes, mut control, lagged } = reg;
+    async fn event_loop(&mut self, mailbox: &Mailbox) -> End {
         let drain = self.env.drain.clone();
-        let mut tick = tokio::time::interval(Duration::from_millis(self.env.cfg.gateway.heartbeat_ms.min(1_000)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let never = Instant::now() + Duration::from_secs(86_400 * 365);
+        let mut epochs = self.env.epoch.subscribe();
+        // The session's one timer, set to whatever is due first (see `next_due`): an
+        // idle session sleeps from one ping to the next in the runtime's timer wheel.
+        let timer = tokio::time::sleep_until(self.next_due());
+        tokio::pin!(timer);
         loop {
-            if lagged.swap(false, Ordering::AcqRel) {
+            if mailbox.take_lagged() {
                 // Dropped pushes are still pending in Redis: read the set again.
                 self.backlog.restart();
             }
             if let ControlFlow::Break(end) = self.read_backlog().await {
                 return end;
             }
-            let (resume, ack_due) = (self.backlog.resume_at(), self.acks.due());
+            let due = self.next_due();
+            if timer.deadline() != due {
+                timer.as_mut().reset(due);
+            }
             let flow = tokio::select! {
                 biased;
-                _ = drain.cancelled() => ControlFlow::Break(self.drain().await),
-                _ = tokio::time::sleep_until(self.expires) => ControlFlow::Break(End::Close(CloseCode::Unauthorized, "token expired")),
-                Some(c) = control.recv() => self.on_control(c).await,
-                Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => self.on_answer(answer).await,
-                Some(push) = pushes.recv(), if self.inflight.has_room() => self.on_push(push).await,
-                msg = self.socket.next() => self.on_socket(msg).await,
-                _ = tick.tick() => self.on_tick().await,
-                _ = tokio::time::sleep_until(resume.unwrap_or(never)), if resume.is_some() => {
-                    self.backlog.resume();
-                    ControlFlow::Continue(())
-                }
-                _ = tokio::time::sleep_until(ack_due.unwrap_or(never)), if ack_due.is_some() => self.on_ack_due().await,
+                _ = drain.cancelled() => ControlFlow::Break(Box::pin(self.drain()).await),
+                () = &mut timer => Box::pin(self.on_timer()).await,
+                c = mailbox.next_control() => Box::pin(self.on_control(c)).await,
+                () = mailbox.lagged() => ControlFlow::Continue(()),
+                Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => Box::pin(self.on_answer(answer)).await,
+                // Inline: a write and its deadline, small; pushes are the hot path.
+                push = mailbox.next_push(), if self.inflight.has_room() => self.on_push(push).await,
+                msg = self.socket.next() => Box::pin(self.on_socket(msg)).await,
+                Ok(()) = epochs.changed() => Box::pin(self.check_epoch()).await,
             };
             if let ControlFlow::Break(end) = flow {
                 return end;
@@ -345,27 +345,6 @@ where
                 self.protocol_error(f.reference, why).await
             }
         }
-    }
-
-    /// Server shutdown: tell the client when to come back (spread over the drain
-    /// period), give it a moment to ack what is in flight, then close with 4003.
-    async fn drain(&mut self) -> End {
-        let drain_ms = self.env.cfg.gateway.drain_ms;
-        let after_ms = rand::random::<u64>() % drain_ms.max(1);
-        self.send_frame(Reconnect { after_ms }).await;
-        let deadline = Instant::now() + Duration::from_millis(drain_ms.min(2_000));
-        while !self.inflight.is_empty() {
-            match tokio::time::timeout_at(deadline, self.socket.next()).await {
-                Ok(Some(Ok(Message::Text(t)))) => {
-                    if let Ok(ClientFrame::Ack(a)) = ClientFrame::parse(t.as_str()) {
-                        let _ = self.on_ack(a.ids).await;
-                    }
-                }
-                Ok(Some(Ok(_))) => {}
-                _ => break,
-            }
-        }
-        End::Close(CloseCode::Draining, "server draining; reconnect")
     }
 
     /// Writes a text frame; false when the socket is gone or stalled.

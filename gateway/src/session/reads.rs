@@ -45,7 +45,8 @@ where
             return;
         }
         let key = self.env.keys.reads(&self.device.tenant, &self.device.user, &self.device.device);
-        let args: Vec<String> = self.unconfirmed_reads.drain(..).flat_map(|(f, s)| [f, s.to_string()]).collect();
+        let reads = std::mem::take(&mut self.unconfirmed_reads);
+        let args: Vec<String> = reads.into_iter().flat_map(|(f, s)| [f, s.to_string()]).collect();
         let _: Result<i64, _> = scripts::READS_CONFIRM.call(self.env.redis.next(), vec![key], args).await;
     }
 }

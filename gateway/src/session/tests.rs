@@ -92,7 +92,7 @@ impl Peer {
 }
 
 struct Fixture {
-    env: SessionEnv,
+    env: Arc<SessionEnv>,
     redis: Client,
     keys: Keys,
     claims: Claims,
@@ -115,7 +115,7 @@ async fn fixture(device: &str) -> Fixture {
     let _: i64 = redis.hset(keys.devices("t", "u"), (epoch_marker(device), epoch.as_str())).await.unwrap();
     let (marks, _flusher) = crate::watermarks::channel(db.clone());
     let (leftover_acks, _retrier) = crate::acks::channel(pool.clone());
-    let env = SessionEnv {
+    let env = Arc::new(SessionEnv {
         redis: pool.clone(),
         keys: keys.clone(),
         history: History {
@@ -142,7 +142,7 @@ async fn fixture(device: &str) -> Fixture {
         limits: Arc::new(crate::limits::NodeLimits::new(&cfg.gateway)),
         drain: CancellationToken::new(),
         cfg,
-    };
+    });
     Fixture { env, redis, keys, claims }
 }
 

@@ -1,5 +1,12 @@
-//! The session's tick: the heartbeat (pings, idle limit, half-open probe), a new Redis
-//! epoch, a presence that vanished, and the device's watermark report.
+//! The session's timer and its upkeep: the heartbeat (pings, idle limit, half-open
+//! probe), a new Redis epoch, a presence that vanished, and the device's watermark
+//! report; the timer also ends the session at the token's expiry, resumes a paced
+//! backlog and flushes batched acks.
+//!
+//! One timer per session, set to whatever is due first, instead of a one-second tick
+//! plus a timer per deadline: an idle session is woken only to ping (18 000 idle
+//! sessions cost 18 000 wake-ups a second with the tick). A new epoch wakes every
+//! session through the node's one signal ([`crate::epoch::EpochWatch::subscribe`]).
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -18,7 +25,45 @@ impl<S, E> Session<S>
 where
     S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
 {
-    pub(super) async fn on_tick(&mut self) -> Flow {
+    /// When the timer must fire next.
+    pub(super) fn next_due(&self) -> Instant {
+        let mut due = self
+            .heartbeat
+            .next_due(self.last_upkeep, &self.inflight)
+            .min(self.last_mark + self.mark_every())
+            .min(self.expires);
+        if self.epoch.is_behind(&self.env.epoch) {
+            // A rebuild for a new epoch failed: retried every second.
+            due = due.min(self.last_upkeep + Duration::from_secs(1));
+        }
+        for at in [self.backlog.resume_at(), self.acks.due()].into_iter().flatten() {
+            due = due.min(at);
+        }
+        due
+    }
+
+    /// The timer fired: whatever is due now.
+    pub(super) async fn on_timer(&mut self) -> Flow {
+        let now = Instant::now();
+        if now >= self.expires {
+            return ControlFlow::Break(End::Close(CloseCode::Unauthorized, "token expired"));
+        }
+        if self.backlog.resume_at().is_some_and(|t| t <= now) {
+            self.backlog.resume();
+        }
+        if self.acks.due().is_some_and(|t| t <= now) {
+            self.on_ack_due().await?;
+        }
+        let upkeep_due =
+            self.heartbeat.next_due(self.last_upkeep, &self.inflight).min(self.last_mark + self.mark_every());
+        if upkeep_due <= now || self.epoch.is_behind(&self.env.epoch) {
+            self.last_upkeep = now;
+            return self.on_upkeep().await;
+        }
+        ControlFlow::Continue(())
+    }
+
+    async fn on_upkeep(&mut self) -> Flow {
         self.check_epoch().await?;
         if self.last_mark.elapsed() >= self.mark_every() {
             self.report_watermark().await;
@@ -66,7 +111,7 @@ where
     }
 
     /// Redis lost its data: restore the pending set from MySQL, read it again.
-    async fn check_epoch(&mut self) -> Flow {
+    pub(super) async fn check_epoch(&mut self) -> Flow {
         let Some((generation, epoch)) = self.epoch.changed(&self.env.epoch) else { return ControlFlow::Continue(()) };
         match self.env.recovery.ensure_pending(&self.device, &epoch).await {
             Ok(_) => {
