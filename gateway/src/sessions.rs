@@ -17,6 +17,8 @@ pub use herald_shared::keys::DeviceKey;
 pub struct Push {
     pub id: MsgId,
     pub frame: axum::extract::ws::Utf8Bytes,
+    /// When it came in on the node channel: the start of its realtime latency.
+    pub arrived: tokio::time::Instant,
 }
 
 /// Control messages to a session.
