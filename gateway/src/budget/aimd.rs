@@ -1,7 +1,7 @@
-//! The budget's control law, a plain state machine: each tick's congestion signals in,
-//! the node's backlog rate out. Additive increase while the node keeps up,
-//! multiplicative decrease while a signal is over its target, between a floor and a
-//! ceiling.
+//! The budget's control law, a plain state machine: each tick's congestion signals and
+//! the rate sessions used in, the node's backlog rate out. Additive increase while the
+//! node keeps up, multiplicative decrease while a signal is over its target, between a
+//! floor and a ceiling.
 
 use std::time::Duration;
 
@@ -76,12 +76,18 @@ impl Aimd {
         self.rate.round() as u32
     }
 
-    /// One tick: cut while congested, grow otherwise. Returns the new rate.
-    pub fn tick(&mut self, congested: bool) -> u32 {
+    /// One tick: cut while congested, grow otherwise, but only as far as the sessions
+    /// use the budget: to at most twice the rate they took in the tick (`used`, per
+    /// second) plus a step, falling no faster than a cut. So an idle node's budget
+    /// comes to rest at its floor and a storm starts there, growing while the node
+    /// keeps up, instead of meeting the ceiling. Returns the new rate.
+    pub fn tick(&mut self, congested: bool, used: f64) -> u32 {
+        let step = (self.ceiling * INCREASE).max(1.0);
         self.rate = if congested {
             (self.rate * DECREASE).max(self.floor)
         } else {
-            (self.rate + (self.ceiling * INCREASE).max(1.0)).min(self.ceiling)
+            let used_up_to = (2.0 * used + step).max(self.rate * DECREASE);
+            (self.rate + step).min(used_up_to).clamp(self.floor, self.ceiling)
         };
         self.rate()
     }
@@ -96,25 +102,42 @@ mod tests {
     #[test]
     fn congestion_cuts_multiplicatively_down_to_the_floor() {
         let mut a = Aimd::new(2_000, 100_000, 100_000);
-        assert_eq!(a.tick(true), 70_000);
-        assert_eq!(a.tick(true), 49_000);
+        assert_eq!(a.tick(true, 1e6), 70_000);
+        assert_eq!(a.tick(true, 1e6), 49_000);
         for _ in 0..20 {
-            a.tick(true);
+            a.tick(true, 1e6);
         }
         assert_eq!(a.rate(), 2_000, "never below the floor");
     }
 
+    /// A tick in which the sessions took all the budget.
+    fn used_up(a: &mut Aimd, congested: bool) -> u32 {
+        let used = f64::from(a.rate());
+        a.tick(congested, used)
+    }
+
     #[test]
-    fn a_clear_node_gets_its_budget_back_additively_up_to_the_ceiling() {
+    fn a_clear_node_in_use_gets_its_budget_back_additively_up_to_the_ceiling() {
         let mut a = Aimd::new(2_000, 100_000, 2_000);
-        assert_eq!(a.tick(false), 3_000);
-        assert_eq!(a.tick(false), 4_000);
-        let ticks = (0..200).take_while(|_| a.tick(false) < 100_000).count();
+        assert_eq!(used_up(&mut a, false), 3_000);
+        assert_eq!(used_up(&mut a, false), 4_000);
+        let ticks = (0..200).take_while(|_| used_up(&mut a, false) < 100_000).count();
         assert_eq!(ticks, 95, "a step of 1 % of the ceiling per tick");
-        assert_eq!(a.tick(false), 100_000, "never above the ceiling");
+        assert_eq!(used_up(&mut a, false), 100_000, "never above the ceiling");
         // A cut, then growth again: the sawtooth of AIMD.
-        assert_eq!(a.tick(true), 70_000);
-        assert_eq!(a.tick(false), 71_000);
+        assert_eq!(used_up(&mut a, true), 70_000);
+        assert_eq!(used_up(&mut a, false), 71_000);
+    }
+
+    #[test]
+    fn a_budget_grows_only_as_far_as_it_is_used_and_rests_at_the_floor() {
+        let mut a = Aimd::new(2_000, 100_000, 100_000);
+        assert_eq!(a.tick(false, 40_000.0), 81_000, "twice what was used, plus a step");
+        assert_eq!(a.tick(false, 0.0), 56_700, "idle: falling as fast as a cut");
+        let ticks = (0..100).take_while(|_| a.tick(false, 0.0) > 2_000).count();
+        assert_eq!((ticks, a.rate()), (9, 2_000), "to the floor, where the next storm starts");
+        assert_eq!(a.tick(false, 1_000.0), 3_000, "half used still grows by a step");
+        assert_eq!(a.tick(false, 1_000.0), 3_000, "a third used does not");
     }
 
     #[test]
@@ -123,7 +146,7 @@ mod tests {
         assert_eq!(Aimd::new(2_000, 100_000, 10).rate(), 2_000);
         // A tiny ceiling still grows by at least one message per second.
         let mut a = Aimd::new(1, 50, 1);
-        assert_eq!(a.tick(false), 2);
+        assert_eq!(used_up(&mut a, false), 2);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The node's backlog bucket: a token bucket whose rate the [`super::BudgetController`]
 //! changes while sessions take from it (governor's limiters have a fixed quota).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,6 +18,8 @@ pub struct BacklogBudget {
     rate: AtomicU32,
     /// Tokens above a tenth of a second's worth: one page always fits.
     page: u32,
+    /// Tokens taken since the controller last looked: how much of the budget is used.
+    taken: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -46,7 +48,7 @@ impl BacklogBudget {
         let rate = rate.max(1);
         let burst = burst(rate, page);
         let bucket = Bucket { tokens: burst, rate: f64::from(rate), burst, last: Instant::now() };
-        BacklogBudget { bucket: Mutex::new(bucket), rate: AtomicU32::new(rate), page }
+        BacklogBudget { bucket: Mutex::new(bucket), rate: AtomicU32::new(rate), page, taken: AtomicU64::new(0) }
     }
 
     /// Messages per second now.
@@ -66,6 +68,11 @@ impl BacklogBudget {
         self.rate.store(rate, Ordering::Relaxed);
     }
 
+    /// Tokens taken since the last call.
+    pub fn taken(&self) -> u64 {
+        self.taken.swap(0, Ordering::Relaxed)
+    }
+
     /// Takes `n` tokens now, or says how long until they would be there (taking none).
     /// More than the bucket ever holds is let through rather than stalled forever.
     pub fn take(&self, n: usize) -> Result<(), Duration> {
@@ -77,6 +84,7 @@ impl BacklogBudget {
         }
         if b.tokens >= n {
             b.tokens -= n;
+            self.taken.fetch_add(n as u64, Ordering::Relaxed);
             return Ok(());
         }
         Err(Duration::from_secs_f64((n - b.tokens) / b.rate))
@@ -93,6 +101,7 @@ mod tests {
         // 100 (a tenth of a second) + 50 (a page).
         assert_eq!(b.take(150), Ok(()));
         assert_eq!(b.take(10), Err(Duration::from_millis(10)));
+        assert_eq!((b.taken(), b.taken()), (150, 0), "what was taken, once");
         tokio::time::advance(Duration::from_millis(10)).await;
         assert_eq!(b.take(10), Ok(()));
         // More than it ever holds goes through.

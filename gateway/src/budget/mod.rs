@@ -116,7 +116,8 @@ impl BudgetController {
                     "backlog budget cut"
                 );
             }
-            let rate = aimd.tick(congestion.is_some());
+            let used = budget.taken() as f64 / now.duration_since(tick_from).as_secs_f64();
+            let rate = aimd.tick(congestion.is_some(), used);
             budget.set_rate(rate);
             metrics::gauge!("herald_backlog_budget_per_second").set(f64::from(rate));
             (tick_from, worst_lag) = (now, Duration::ZERO);
@@ -144,34 +145,35 @@ mod tests {
         assert_eq!(r.take(), (0, 0), "each tick sees its own pushes");
     }
 
-    /// With time paused nothing is late: only slow realtime pushes cut the budget, and
-    /// it grows back once they stop.
+    /// Sessions taking all the budget there is, for `ticks` ticks.
+    async fn busy(budget: &BacklogBudget, ticks: u32) {
+        for _ in 0..ticks * 10 {
+            while budget.take(50).is_ok() {}
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+
+    /// With time paused nothing is late: the budget follows its use, and only slow
+    /// realtime pushes cut it.
     #[tokio::test(start_paused = true)]
-    async fn slow_realtime_pushes_cut_the_budget_and_it_recovers() {
+    async fn the_budget_grows_while_used_and_slow_realtime_pushes_cut_it() {
         let c = controller(1_000, 10_000);
         let (budget, realtime) = (c.budget.clone(), c.realtime.clone());
         let cancel = CancellationToken::new();
         let task = tokio::spawn(c.run(cancel.clone()));
-        let tick = || tokio::time::sleep(TICK + PROBE_EVERY);
-        tick().await;
-        assert_eq!(budget.rate(), 10_000, "a clear node stays at the ceiling");
-        for _ in 0..3 {
-            realtime.record(Duration::from_secs(1));
-            tick().await;
-        }
-        assert_eq!(budget.rate(), 3_430, "three cuts of 30 %");
-        for _ in 0..10 {
-            realtime.record(Duration::from_secs(1));
-            tick().await;
-        }
-        assert_eq!(budget.rate(), 1_000, "the floor");
-        for _ in 0..5 {
-            realtime.record(Duration::from_millis(1));
-            tick().await;
-        }
-        assert_eq!(budget.rate(), 1_500, "five steps of 1 % of the ceiling");
-        tokio::time::sleep(TICK * 100).await;
-        assert_eq!(budget.rate(), 10_000);
+        tokio::time::sleep(TICK * 10 + PROBE_EVERY / 2).await;
+        assert_eq!(budget.rate(), 1_000, "an idle node comes to rest at the floor");
+        busy(&budget, 5).await;
+        let grown = budget.rate();
+        assert!((1_300..=1_600).contains(&grown), "steps of 1 % of the ceiling while used: {grown}");
+        realtime.record(Duration::from_secs(1));
+        busy(&budget, 1).await;
+        let cut = budget.rate();
+        assert!(cut < grown && cut >= 1_000, "a cut for a slow push: {grown} -> {cut}");
+        busy(&budget, 120).await;
+        assert_eq!(budget.rate(), 10_000, "the ceiling");
+        tokio::time::sleep(TICK * 10).await;
+        assert_eq!(budget.rate(), 1_000, "unused, back to the floor");
         cancel.cancel();
         task.await.unwrap();
     }
