@@ -29,7 +29,7 @@ LAYERS = {
         [""],
     ],
     "gateway": [
-        ["tls", "mailbox"],
+        ["tls", "mailbox", "budget"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks"],
         ["history", "ingress", "devices", "recovery", "watermarks", "notices"],
         ["session"],

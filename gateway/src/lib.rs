@@ -2,7 +2,8 @@
 //! parts together and runs them.
 //!
 //! # Layout (lower modules never import higher ones; docs/architecture.md)
-//! - [`tls`]: the listener's optional TLS; [`mailbox`]: what the node hands a session.
+//! - [`tls`]: the listener's optional TLS; [`mailbox`]: what the node hands a session;
+//!   [`budget`]: the node's adaptive backlog budget.
 //! - Leaves: [`error`] (the API error), [`limits`] (rate and connection limits),
 //!   [`listener`] (the public listener), [`client_ip`] (the client behind trusted
 //!   proxies), [`waiters`] (requests awaiting answers),
@@ -17,6 +18,7 @@
 
 pub mod acks;
 pub mod api;
+pub mod budget;
 pub mod client_ip;
 pub mod devices;
 pub mod epoch;
@@ -169,6 +171,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
     process.spawn_supervised("ack_retrier", Criticality::Background, move |c| ack_retrier.clone().run(c));
+    let budget = budget::BudgetController::new(g, limits.backlog.clone(), limits.realtime.clone());
+    process.spawn_supervised("backlog_budget", Criticality::Background, move |c| budget.clone().run(c));
     let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone() };
     process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
     let check_policy = g.require_noeviction;

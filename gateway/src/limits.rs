@@ -1,6 +1,6 @@
-//! Token buckets (governor): backlog pacing per device and per node, sends per device
-//! and per tenant, and WebSocket admission per node; counts of WebSocket sessions per
-//! user and per IP address.
+//! Token buckets (governor): backlog pacing per device, sends per device and per
+//! tenant, and WebSocket admission per node; the node's adaptive backlog budget
+//! ([`crate::budget`]); counts of WebSocket sessions per user and per IP address.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -13,6 +13,8 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
 use herald_shared::config::GatewayConfig;
 
 use herald_shared::keys::DeviceKey;
+
+use crate::budget::{BacklogBudget, RealtimeLatency};
 
 fn nz(v: u32) -> NonZeroU32 {
     NonZeroU32::new(v.max(1)).expect("positive")
@@ -37,7 +39,10 @@ pub fn take(limiter: &DefaultDirectRateLimiter, n: usize) -> Result<(), Duration
 /// The node-wide buckets.
 #[derive(Debug)]
 pub struct NodeLimits {
-    pub backlog: DefaultDirectRateLimiter,
+    /// Backlog messages per second of all sessions together, set by the budget controller.
+    pub backlog: Arc<BacklogBudget>,
+    /// The realtime pushes' latency, one of the budget controller's signals.
+    pub realtime: Arc<RealtimeLatency>,
     pub admission: DefaultDirectRateLimiter,
     /// HTTP sends per device (WebSocket sessions keep their own bucket).
     pub http_sends: DefaultKeyedRateLimiter<DeviceKey>,
@@ -50,7 +55,8 @@ pub struct NodeLimits {
 impl NodeLimits {
     pub fn new(cfg: &GatewayConfig) -> Self {
         NodeLimits {
-            backlog: bucket(cfg.backlog_rate_node, cfg.backlog_rate_node / 10 + cfg.backlog_page_desktop as u32),
+            backlog: Arc::new(BacklogBudget::new(cfg.backlog_rate_node, cfg.backlog_page_desktop as u32)),
+            realtime: Arc::new(RealtimeLatency::new(Duration::from_millis(cfg.backlog_realtime_target_ms))),
             admission: bucket(cfg.admission_rate, cfg.admission_burst),
             http_sends: DefaultKeyedRateLimiter::keyed(
                 Quota::per_second(nz(cfg.send_rate)).allow_burst(nz(cfg.send_burst)),

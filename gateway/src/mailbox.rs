@@ -19,6 +19,8 @@ use herald_shared::protocol::ReadPosition;
 pub struct Push {
     pub id: MsgId,
     pub frame: axum::extract::ws::Utf8Bytes,
+    /// When it came in on the node channel: the start of its realtime latency.
+    pub arrived: tokio::time::Instant,
 }
 
 /// Control messages to a session.
@@ -154,7 +156,7 @@ mod tests {
     use super::*;
 
     fn push(id: u64) -> Push {
-        Push { id: MsgId(id), frame: Utf8Bytes::from_static("{}") }
+        Push { id: MsgId(id), frame: Utf8Bytes::from_static("{}"), arrived: tokio::time::Instant::now() }
     }
 
     #[tokio::test]

@@ -131,11 +131,12 @@ async fn listen(
         for n in env.sent {
             waiters.resolve(n.rid, n.echo.as_ref(), n.outcome);
         }
+        let arrived = tokio::time::Instant::now();
         for d in env.deliver {
             // One allocation per message per node, shared by its sessions here.
             let frame = axum::extract::ws::Utf8Bytes::from(d.frame.get());
             for key in d.to {
-                sessions.push(&key, Push { id: d.id, frame: frame.clone() });
+                sessions.push(&key, Push { id: d.id, frame: frame.clone(), arrived });
             }
         }
         for r in env.reads {

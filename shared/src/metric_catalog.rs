@@ -77,6 +77,16 @@ pub const METRICS: &[Metric] = &[
     counter("herald_half_open_closes_total", "Sessions closed as half-open (4000): no pong, or writes stalled."),
     counter("herald_heartbeat_timeouts_total", "Sessions closed for missing heartbeats."),
     counter("herald_backlog_throttled_total", "Backlog pages delayed by the per-device or per-node backlog rate."),
+    gauge(
+        "herald_backlog_budget_per_second",
+        "The node's adaptive backlog budget, in messages per second (AIMD between its floor and ceiling).",
+    ),
+    counter("herald_backlog_budget_cuts_total", "Cuts of the node's backlog budget, by the signal over its target."),
+    histogram("herald_event_loop_lag_seconds", "How late the gateway's 10 ms probe timer fires: its scheduling lag."),
+    histogram(
+        "herald_realtime_push_seconds",
+        "Time from a realtime push's arrival on the node channel to its frame written to the socket.",
+    ),
     histogram("herald_pending_at_connect", "Messages pending for a device when its session starts."),
     counter(
         "herald_node_channel_lagged_total",

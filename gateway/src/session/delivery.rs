@@ -29,9 +29,12 @@ where
         if !self.inflight.insert(push.id, Instant::now()) {
             return ControlFlow::Continue(());
         }
+        // Time the push waited for room in a full window is the device's, not the node's.
+        let from = push.arrived.max(self.inflight.reopened());
         if !self.write(push.frame).await {
             return ControlFlow::Break(End::Gone);
         }
+        self.env.limits.realtime.record(from.elapsed());
         metrics::counter!("herald_deliveries_total", "kind" => "realtime").increment(1);
         ControlFlow::Continue(())
     }
@@ -60,7 +63,7 @@ where
             // Pace: the device's bucket, then the node's (a login storm must not starve it).
             let wait = crate::limits::take(&self.backlog_bucket, *want)
                 .err()
-                .or_else(|| crate::limits::take(&self.env.limits.backlog, *want).err());
+                .or_else(|| self.env.limits.backlog.take(*want).err());
             if let Some(wait) = wait {
                 metrics::counter!("herald_backlog_throttled_total").increment(1);
                 self.backlog.pace_until(now + wait);

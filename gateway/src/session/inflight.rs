@@ -18,11 +18,19 @@ use tokio::time::Instant;
 pub struct Inflight {
     sent: HashMap<MsgId, Instant>,
     window: usize,
+    /// When the window last had room again after being full.
+    reopened: Instant,
 }
 
 impl Inflight {
     pub fn new(window: usize) -> Inflight {
-        Inflight { sent: HashMap::new(), window }
+        Inflight { sent: HashMap::new(), window, reopened: Instant::now() }
+    }
+
+    /// When the window last went from full to having room (or was made): realtime
+    /// pushes wait in the session's queue while it is full.
+    pub fn reopened(&self) -> Instant {
+        self.reopened
     }
 
     pub fn has_room(&self) -> bool {
@@ -51,11 +59,15 @@ impl Inflight {
     /// (it grows to `inflight_window` entries under a backlog, and would keep that while
     /// the session idles).
     pub fn ack(&mut self, id: MsgId) -> bool {
-        let was = self.sent.remove(&id).is_some();
+        let full = !self.has_room();
+        let acked = self.sent.remove(&id).is_some();
+        if full && acked {
+            self.reopened = Instant::now();
+        }
         if self.sent.is_empty() {
             self.sent.shrink_to_fit();
         }
-        was
+        acked
     }
 
     pub fn is_empty(&self) -> bool {

@@ -192,13 +192,15 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
     assert_eq!(left, 0, "acks removed every entry before caught_up");
 
     // A realtime push through the node's directory, then a ping.
-    let push = Push { id: MsgId(ids[6] + 1), frame: Utf8Bytes::from(frame_of(ids[6] + 1, 8)) };
+    let arrived = tokio::time::Instant::now();
+    let push = Push { id: MsgId(ids[6] + 1), frame: Utf8Bytes::from(frame_of(ids[6] + 1, 8)), arrived };
     f.env.directory.push(&DeviceKey::of(&f.claims), push);
     let Ok(ServerFrame::Msg(m)) = peer.next().await else { panic!("the realtime push") };
     assert_eq!(m.seq, 8);
     peer.send(ClientFrame::Ping(herald_shared::protocol::PingFrame { ts: Some(42) }));
     let Ok(ServerFrame::Pong(p)) = peer.next().await else { panic!("pong") };
     assert_eq!(p.ts, 42);
+    assert_eq!(f.env.limits.realtime.take().0, 1, "the push's latency is a signal of the backlog budget");
 
     // A malformed frame is answered, not fatal.
     peer.to_server.send(Message::Text("{nope".into())).unwrap();

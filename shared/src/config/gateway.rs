@@ -59,8 +59,22 @@ section! {
         pub backlog_rate_desktop: u32 = "4000",
         /// Backlog messages per second per mobile device.
         pub backlog_rate_mobile: u32 = "1000",
-        /// Backlog messages per second for the whole node (protects it in a login storm).
+        /// Most backlog messages per second for the whole node: the ceiling of its adaptive budget.
+        ///
+        /// The budget starts here and is cut (AIMD) while the node is congested, see
+        /// `gateway.backlog_lag_target_ms` and `gateway.backlog_realtime_target_ms`.
         pub backlog_rate_node: u32 = "100000",
+        /// Least backlog messages per second for the whole node, however congested it is.
+        ///
+        /// At most `gateway.backlog_rate_node`; a backlog keeps draining at this rate.
+        pub backlog_rate_node_floor: u32 = "2000",
+        /// Event-loop lag (how late a 10 ms timer fires) above which the node's backlog budget is cut.
+        pub backlog_lag_target_ms: u64 = "10",
+        /// Realtime push latency, node channel to socket, above which the node's backlog budget is cut.
+        ///
+        /// Cut when more than 1 % of a 100 ms tick's realtime pushes took longer (its p99);
+        /// time a push waits for room in the device's `gateway.inflight_window` is not counted.
+        pub backlog_realtime_target_ms: u64 = "25",
         /// Sends per second per device.
         pub send_rate: u32 = "50",
         /// Sends per device allowed above `gateway.send_rate` in a burst.
@@ -182,6 +196,20 @@ impl GatewayConfig {
         }
     }
 
+    /// The adaptive node budget's floor and targets.
+    fn validate_backlog_budget(&self, bad: &mut Problems) {
+        if self.backlog_rate_node_floor == 0 || self.backlog_rate_node_floor > self.backlog_rate_node {
+            let why = format!("must be 1..=gateway.backlog_rate_node ({})", self.backlog_rate_node);
+            bad.push("gateway.backlog_rate_node_floor", &why);
+        }
+        if !(1..=10_000).contains(&self.backlog_lag_target_ms) {
+            bad.push("gateway.backlog_lag_target_ms", "must be 1..=10000");
+        }
+        if !(1..=60_000).contains(&self.backlog_realtime_target_ms) {
+            bad.push("gateway.backlog_realtime_target_ms", "must be 1..=60000");
+        }
+    }
+
     pub(super) fn validate(&self, bad: &mut Problems) {
         self.validate_tls(bad);
         self.validate_cors(bad);
@@ -219,6 +247,7 @@ impl GatewayConfig {
                 bad.push(key, "must be positive");
             }
         }
+        self.validate_backlog_budget(bad);
         if self.max_connections_per_user == 0 {
             bad.push("gateway.max_connections_per_user", "must be positive");
         }
@@ -287,6 +316,23 @@ mod tests {
         let (cfg, _) = load(Role::Gateway, &[], &env(&[SECRET])).unwrap();
         assert_eq!(cfg.gateway.handshake_timeout_ms, 10_000);
         assert_eq!(cfg.gateway.max_connections_per_user, 32);
+    }
+
+    #[test]
+    fn the_backlog_budget_floor_and_targets_are_validated() {
+        let e = env(&[
+            SECRET,
+            ("HERALD_GATEWAY__BACKLOG_RATE_NODE", "5000"),
+            ("HERALD_GATEWAY__BACKLOG_RATE_NODE_FLOOR", "6000"),
+            ("HERALD_GATEWAY__BACKLOG_LAG_TARGET_MS", "0"),
+            ("HERALD_GATEWAY__BACKLOG_REALTIME_TARGET_MS", "60001"),
+        ]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        assert!(err.contains("gateway.backlog_rate_node_floor: must be 1..=gateway.backlog_rate_node (5000)"), "{err}");
+        assert!(err.contains("gateway.backlog_lag_target_ms: must be 1..=10000"), "{err}");
+        assert!(err.contains("gateway.backlog_realtime_target_ms: must be 1..=60000"), "{err}");
+        let g = super::GatewayConfig::default();
+        assert_eq!((g.backlog_rate_node_floor, g.backlog_lag_target_ms, g.backlog_realtime_target_ms), (2_000, 10, 25));
     }
 
     #[test]
