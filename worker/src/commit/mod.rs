@@ -7,8 +7,8 @@
 //! fixed order; check membership; number the messages (`seq`) in stream order; insert
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns. The
-//! transaction is two round trips: a script of the reads, and one of the writes ending
-//! with COMMIT (`script.rs`).
+//! transaction is three round trips: a script of the reads, one of the writes, and
+//! COMMIT (`script.rs`).
 //! Repeats of committed messages (same tenant, sender and cmid) are refused by the
 //! unique key; only then does the batch run again, looking them up first.
 
@@ -48,21 +48,6 @@ enum Dedup {
     ByUniqueKey,
     /// Looked up first, and answered with the first commit.
     Lookup,
-}
-
-/// Fails (1242, a subquery of two rows) once `@herald_ids_fresh_until` has passed: plain
-/// SQL that MySQL and MariaDB both run, so the check costs no round trip of its own.
-const STALE_IDS_CHECK: &str =
-    "SELECT (SELECT 1 FROM (SELECT 1 UNION ALL SELECT 2) two WHERE NOW(6) > @herald_ids_fresh_until); ";
-
-/// The writes failed the freshness check.
-fn is_stale_ids(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(d) => {
-            d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1242)
-        }
-        _ => false,
-    }
 }
 
 /// A message insert refused because (tenant, sender, cmid) was committed before.
@@ -165,9 +150,8 @@ impl CommitPipeline {
         Ok(result)
     }
 
-    /// The transaction, in two round trips: the reads script, then (once the batch is
-    /// numbered here and its ids are known to be fresh) the writes script ending with
-    /// COMMIT.
+    /// The transaction, in three round trips: the reads script, the writes script (once
+    /// the batch is numbered here), then COMMIT once the ids are known to be fresh.
     async fn run(
         &self,
         conn: &mut MySqlConnection,
@@ -273,21 +257,8 @@ impl CommitPipeline {
         // 3. Number the new messages in stream order.
         let (mut result, planned) = number(entries, &existing, &mut convs, ids, now)?;
 
-        // The batch's ids were drawn before its statements ran; if they take so long (a
-        // lock wait, a stall) that a device sync may already have passed the ids, the
-        // batch runs again with new ones. Checked now, and by MariaDB itself after the
-        // writes and before COMMIT (its clock, so the time left is sent, not a time).
-        let oldest = planned.iter().map(|p| p.3).min();
-        let age = oldest.map_or(0, |id| now_ms().saturating_sub(id.unix_ms()));
-        if age > self.max_id_age_ms {
-            metrics::counter!("herald_batches_redrawn_total").increment(1);
-            return Err(CommitError::StaleIds(age));
-        }
-
         let mut writes = Script::default();
         if !planned.is_empty() {
-            writes.push("SET @herald_ids_fresh_until = NOW(6) + INTERVAL ");
-            writes.int((self.max_id_age_ms - age) * 1_000).push(" MICROSECOND; ");
             // 4. The messages, in one statement.
             writes.push(
                 "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at) VALUES ",
@@ -317,24 +288,24 @@ impl CommitPipeline {
             let payload = serde_json::json!({ "ids": ids }).to_string();
             writes.push("; INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ");
             writes.str(&payload).push(", 'PENDING', 0, ").int(now + self.first_retry_delay_ms).push(", ");
-            writes.int(now).push(", ").int(now).push("); ");
-            // 7. Ids still fresh? Otherwise the subquery's two rows fail the statement
-            // (1242), and MySQL runs nothing after it.
-            writes.push(STALE_IDS_CHECK);
-        }
-        // 8. COMMIT, in the same round trip.
-        writes.push("COMMIT");
-        let done = match writes.run(&mut *conn).await {
-            Err(e) if is_stale_ids(&e) => {
-                metrics::counter!("herald_batches_redrawn_total").increment(1);
-                return Err(CommitError::StaleIds(oldest.map_or(0, |id| now_ms().saturating_sub(id.unix_ms()))));
-            }
-            other => other?,
-        };
-        if !planned.is_empty() {
-            let outbox = done.get(3).ok_or_else(|| sqlx::Error::Protocol("the writes script answered short".into()))?;
+            writes.int(now).push(", ").int(now).push(")");
+            let done = writes.run(&mut *conn).await?;
+            let outbox = done.get(2).ok_or_else(|| sqlx::Error::Protocol("the writes script answered short".into()))?;
             result.outbox_id = Some(outbox.1.last_insert_id());
         }
+        // The batch's ids were drawn before its statements ran; if they took so long (a
+        // lock wait, a stall) that a device sync may already have passed those ids, the
+        // batch runs again with new ones.
+        if let Some(oldest) = planned.iter().map(|p| p.3).min() {
+            let age = now_ms().saturating_sub(oldest.unix_ms());
+            if age > self.max_id_age_ms {
+                metrics::counter!("herald_batches_redrawn_total").increment(1);
+                return Err(CommitError::StaleIds(age));
+            }
+        }
+        let mut commit = Script::default();
+        commit.push("COMMIT");
+        commit.run(&mut *conn).await?;
 
         result.committed = planned
             .iter()
