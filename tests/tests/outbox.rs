@@ -241,3 +241,35 @@ async fn sent_outbox_rows_are_purged_after_retention() {
     let messages: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.unwrap();
     assert_eq!(messages, 5, "purging the outbox touches no message");
 }
+
+/// The SENT marks of fan-outs that finish within `outbox.sent_mark_linger_ms` of each
+/// other share one UPDATE (and one fsync), instead of one each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_marks_within_the_linger_share_one_update() {
+    let mut c = Cluster::new("sentlinger");
+    c.set("HERALD_OUTBOX__SENT_MARK_LINGER_MS", "2000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    // One after another, each answered before the next: a commit, an outbox row and a
+    // fan-out each.
+    for n in 0..4 {
+        alice.send(&format!("m{n}"), "ab", &json!({})).await.unwrap();
+    }
+    let db = c.db().await;
+    let marked = eventually(Duration::from_secs(10), "every outbox row is SENT", || {
+        let db = db.clone();
+        async move {
+            let rows: Vec<(String, i64)> = sqlx::query_as("SELECT CAST(status AS CHAR), updated_at FROM outbox_events")
+                .fetch_all(&db)
+                .await
+                .ok()?;
+            rows.iter().all(|(status, _)| status == "SENT").then_some(rows)
+        }
+    })
+    .await;
+    assert_eq!(marked.len(), 4, "one outbox row per commit");
+    let updates: std::collections::BTreeSet<i64> = marked.iter().map(|(_, at)| *at).collect();
+    assert_eq!(updates.len(), 1, "the four marks were written by one UPDATE: {marked:?}");
+}
