@@ -19,9 +19,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_device_authenticates_by_its_first_frame_offering_herald_v1() {
-    let mut c = Cluster::new("rdevauth");
-    c.start_worker(&[]).await;
-    c.start_gateway(&[]).await;
+    let c = one_gateway("rdevauth").await;
     let tap = WireTap::start(c.gateways[0].listen()).await;
     let token = c.token("alice", "a1");
     let alice = AutoDevice::connect(&tap.url(), &token, "alice", "a1").await;
@@ -63,9 +61,7 @@ async fn the_device_authenticates_by_its_first_frame_offering_herald_v1() {
 /// and says why, and the newer session stays; with the load-test's opt-in it comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_device_stops_when_its_session_is_replaced() {
-    let mut c = Cluster::new("rdevreplaced");
-    c.start_worker(&[]).await;
-    c.start_gateway(&[]).await;
+    let c = one_gateway("rdevreplaced").await;
     let base = c.gateways[0].base_url();
     let token = c.token("alice", "a1");
     let spec = DeviceSpec { reconnect: true, ..AutoDevice::spec(&base, &token, "alice", "a1") };
@@ -114,6 +110,27 @@ async fn alive(ws: &mut WsClient) -> Result<(), Option<u16>> {
     }
 }
 
+/// One worker and one gateway.
+async fn one_gateway(name: &str) -> Cluster {
+    let mut c = Cluster::new(name);
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c
+}
+
+/// A token source answering with `answer`, and the reasons it was asked for, in order.
+fn recording_source(
+    answer: impl Fn(TokenReason) -> Option<String> + Send + Sync + 'static,
+) -> (Arc<Mutex<Vec<TokenReason>>>, TokenSource) {
+    let asked: Arc<Mutex<Vec<TokenReason>>> = Arc::default();
+    let record = asked.clone();
+    let source = TokenSource::new(move |why| {
+        record.lock().unwrap().push(why);
+        std::future::ready(answer(why))
+    });
+    (asked, source)
+}
+
 /// A web token of alice's `device` that expires `secs` from now.
 fn short_token(device: &str, secs: u64) -> String {
     let claims = Claims {
@@ -130,16 +147,9 @@ fn short_token(device: &str, secs: u64) -> String {
 /// seconds before each expires: one session outlives several tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_device_refreshes_its_token_before_it_expires() {
-    let mut c = Cluster::new("rdevrefresh");
-    c.start_worker(&[]).await;
-    c.start_gateway(&[]).await;
+    let c = one_gateway("rdevrefresh").await;
     let base = c.gateways[0].base_url();
-    let asked: Arc<Mutex<Vec<TokenReason>>> = Arc::default();
-    let record = asked.clone();
-    let source = TokenSource::new(move |why| {
-        record.lock().unwrap().push(why);
-        std::future::ready(Some(short_token("a1", 5)))
-    });
+    let (asked, source) = recording_source(|_| Some(short_token("a1", 5)));
     let spec = DeviceSpec {
         reconnect: true,
         token_source: Some(source),
@@ -180,16 +190,9 @@ async fn the_device_refreshes_its_token_before_it_expires() {
 /// back; with only its first token it stops and says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_4001_the_device_gets_a_new_token_or_stops() {
-    let mut c = Cluster::new("rdevexpired");
-    c.start_worker(&[]).await;
-    c.start_gateway(&[]).await;
+    let c = one_gateway("rdevexpired").await;
     let base = c.gateways[0].base_url();
-    let asked: Arc<Mutex<Vec<TokenReason>>> = Arc::default();
-    let record = asked.clone();
-    let source = TokenSource::new(move |why| {
-        record.lock().unwrap().push(why);
-        std::future::ready((why != TokenReason::Refresh).then(|| short_token("a1", 3_600)))
-    });
+    let (asked, source) = recording_source(|why| (why != TokenReason::Refresh).then(|| short_token("a1", 3_600)));
     let renewing = DeviceSpec {
         reconnect: true,
         token_source: Some(source),
