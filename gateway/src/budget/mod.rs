@@ -36,23 +36,31 @@ const PROBE_EVERY: Duration = Duration::from_millis(10);
 const TICK: Duration = Duration::from_millis(100);
 
 /// Realtime pushes of this node written since the controller last looked, and how many
-/// of them were slower than `gateway.backlog_realtime_target_ms`. Two relaxed counters:
-/// every realtime push records itself.
+/// of them were slower than `gateway.backlog_realtime_target_ms`. Two relaxed counters
+/// and a histogram resolved once: every realtime push records itself.
 #[derive(Debug)]
 pub struct RealtimeLatency {
     target: Duration,
     pushes: AtomicU64,
     slow: AtomicU64,
+    /// `herald_realtime_push_seconds`, looked up once rather than per push (the
+    /// metrics recorder is installed before the node's limits are built).
+    histogram: metrics::Histogram,
 }
 
 impl RealtimeLatency {
     pub fn new(target: Duration) -> RealtimeLatency {
-        RealtimeLatency { target, pushes: AtomicU64::new(0), slow: AtomicU64::new(0) }
+        RealtimeLatency {
+            target,
+            pushes: AtomicU64::new(0),
+            slow: AtomicU64::new(0),
+            histogram: metrics::histogram!("herald_realtime_push_seconds"),
+        }
     }
 
     /// One realtime push, from its arrival on the node channel to its frame written.
     pub fn record(&self, latency: Duration) {
-        metrics::histogram!("herald_realtime_push_seconds").record(latency.as_secs_f64());
+        self.histogram.record(latency.as_secs_f64());
         self.pushes.fetch_add(1, Ordering::Relaxed);
         if latency > self.target {
             self.slow.fetch_add(1, Ordering::Relaxed);
