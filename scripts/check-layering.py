@@ -30,8 +30,8 @@ LAYERS = {
     ],
     "gateway": [
         ["tls", "mailbox", "budget"],
-        ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks"],
-        ["history", "ingress", "devices", "recovery", "watermarks", "notices"],
+        ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status"],
+        ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "notices"],
         ["session"],
         ["state"],
         ["api"],
@@ -48,7 +48,7 @@ LAYERS = {
     ],
     "worker": [
         ["lease", "batch", "projections", "janitor"],
-        ["commit", "fanout", "reads"],
+        ["commit", "fanout", "reads", "delivered"],
         ["outbox", "committer"],
         ["context"],
         ["group"],

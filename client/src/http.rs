@@ -128,6 +128,14 @@ impl HttpClient {
         Err(last.expect("at least one attempt"))
     }
 
+    /// GETs a path; the status and the JSON body, whatever the status.
+    pub async fn get_raw(&self, path: &str) -> Result<(u16, Value), ClientError> {
+        let resp = self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.token).send().await?;
+        let status = resp.status().as_u16();
+        let v = resp.json::<Value>().await.unwrap_or(Value::Null);
+        Ok((status, v))
+    }
+
     /// Posts raw bytes to a path (for tests of malformed input).
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> Result<(u16, Value), ClientError> {
         let resp = self

@@ -50,6 +50,9 @@ pub struct Upgrade<'a> {
     pub local: Option<std::net::IpAddr>,
     /// Whom to trust for an `https://` gateway (the system's roots when `None`).
     pub tls: Option<&'a Tls>,
+    /// Optional frames asked for (`?features=`, docs/protocol.md section 3.1), such as
+    /// `delivered`; gateways ignore names they do not know.
+    pub features: &'a [&'a str],
 }
 
 impl WsClient {
@@ -95,7 +98,11 @@ impl WsClient {
         upgrade: &Upgrade<'_>,
     ) -> Result<(WsClient, Option<String>), tokio_tungstenite::tungstenite::Error> {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let query = upgrade.query_token.map(|t| format!("?access_token={t}")).unwrap_or_default();
+        let mut params: Vec<String> = upgrade.query_token.map(|t| format!("access_token={t}")).into_iter().collect();
+        if !upgrade.features.is_empty() {
+            params.push(format!("features={}", upgrade.features.join(",")));
+        }
+        let query = if params.is_empty() { String::new() } else { format!("?{}", params.join("&")) };
         let mut request = format!("{}/v1/ws{query}", base.replacen("http", "ws", 1)).into_client_request()?;
         if !upgrade.protocols.is_empty() {
             let offer =

@@ -52,6 +52,7 @@ fn message(r: &MySqlRow) -> Result<Message, sqlx::Error> {
         cmid: r.text(4)?,
         ts: r.try_get::<i64, _>(5)? as u64,
         body: RawValue::from_string(body).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        status: None,
     })
 }
 
@@ -109,6 +110,13 @@ impl History {
         .await?;
         let mut page = page(rows, limit, self.page_bytes)?;
         page.joined_seq = Some(joined);
+        // The caller's own messages say how far they got: one read of the members.
+        if page.items.iter().any(|m| m.from == user) {
+            let members = crate::status::positions(&self.db, tenant, conv).await?;
+            for m in page.items.iter_mut().filter(|m| m.from == user) {
+                m.status = Some(crate::status::status_of(&members, user, m.seq));
+            }
+        }
         Ok(page)
     }
 

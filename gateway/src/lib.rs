@@ -11,7 +11,9 @@
 //!   [`acks`] (acks left over by ended sessions, retried).
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
 //!   streams), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
-//!   [`watermarks`] (their flusher), [`notices`] (the node channel).
+//!   [`watermarks`] (their flusher), [`delivered`] (delivered positions' flusher),
+//!   [`notices`] (the node channel). [`status`] (a message's status per recipient)
+//!   sits with the leaves.
 //! - [`session`]: one WebSocket session.
 //! - [`state`]: the services bundled for the handlers; [`api`]: the HTTP handlers and
 //!   the WebSocket upgrade.
@@ -20,6 +22,7 @@ pub mod acks;
 pub mod api;
 pub mod budget;
 pub mod client_ip;
+pub mod delivered;
 pub mod devices;
 pub mod epoch;
 pub mod error;
@@ -33,6 +36,7 @@ pub mod recovery;
 pub mod session;
 pub mod sessions;
 pub mod state;
+pub mod status;
 pub mod tls;
 pub mod waiters;
 pub mod watermarks;
@@ -114,6 +118,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let directory = Arc::new(SessionRegistry::default());
     let (marks, flusher) = watermarks::channel(db.clone());
     let (leftover_acks, ack_retrier) = acks::channel(redis.clone());
+    let (delivered, delivered_flusher) = delivered::channel(redis.clone(), keys.clone(), cfg.ingress.shards);
     let history = History {
         db: db.clone(),
         redis: redis.clone(),
@@ -147,6 +152,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         },
         marks,
         leftover_acks,
+        delivered,
         epoch: epoch.clone(),
         directory: directory.clone(),
         limits: limits.clone(),
@@ -171,6 +177,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
     process.spawn_supervised("ack_retrier", Criticality::Background, move |c| ack_retrier.clone().run(c));
+    let delivered_flusher = delivered_flusher.clone();
+    process.spawn_supervised("delivered_flusher", Criticality::Background, move |c| delivered_flusher.clone().run(c));
     let budget = budget::BudgetController::new(g, limits.backlog.clone(), limits.realtime.clone());
     process.spawn_supervised("backlog_budget", Criticality::Background, move |c| budget.clone().run(c));
     let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone() };

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 
 use herald_shared::ids::MsgId;
-use herald_shared::protocol::ReadPosition;
+use herald_shared::protocol::{DeliveryStatus, ReadPosition};
 
 /// A realtime push: the frame's bytes are allocated once per node and shared
 /// (reference counted) by every session that writes them.
@@ -30,6 +30,9 @@ pub enum Control {
     Replaced,
     /// A read position to show; kept in Redis until a pong confirms it.
     Read(ReadPosition),
+    /// A delivery status of the user's own messages (not kept: a lost one is
+    /// superseded by the next, and history has the counts).
+    Status(DeliveryStatus),
 }
 
 /// Control messages queued at most. A full queue loses nothing: read positions wait in

@@ -144,6 +144,11 @@ async fn listen(
                 sessions.push_read(&key, &r.conv, &r.user, r.seq);
             }
         }
+        for p in env.status {
+            for key in p.to {
+                sessions.push_status(&key, &p.status);
+            }
+        }
         for k in env.kick {
             sessions.kick(&DeviceKey::new(k.tenant, k.user, k.device), &k.session);
         }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use herald_shared::protocol::ReadPosition;
+use herald_shared::protocol::{DeliveryStatus, ReadPosition};
 
 use crate::mailbox::Mailbox;
 pub use crate::mailbox::{Control, Push};
@@ -75,6 +75,15 @@ impl SessionRegistry {
         if let Some(e) = map.get(key) {
             let position = ReadPosition { conv: conv.to_owned(), user: user.to_owned(), seq };
             e.mailbox.control(Control::Read(position));
+        }
+    }
+
+    /// Hands a delivery status to the device's session, if it is here (a session that
+    /// did not opt in drops it).
+    pub fn push_status(&self, key: &DeviceKey, status: &DeliveryStatus) {
+        let map = self.sessions.lock().expect("sessions");
+        if let Some(e) = map.get(key) {
+            e.mailbox.control(Control::Status(status.clone()));
         }
     }
 

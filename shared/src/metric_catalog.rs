@@ -73,6 +73,18 @@ pub const METRICS: &[Metric] = &[
     counter("herald_pushes_total", "Pushes from the node channel to sessions, by outcome (dropped ones included)."),
     counter("herald_acks_total", "Message ids acknowledged by devices."),
     counter("herald_acks_dropped_total", "Leftover acks of ended sessions dropped because their queue was full."),
+    counter(
+        "herald_delivered_positions_reported_total",
+        "Delivered positions (user, conversation) written into the ingress streams by the gateway.",
+    ),
+    counter(
+        "herald_delivered_reports_dropped_total",
+        "Delivered positions of sessions dropped because the node's report queue was full.",
+    ),
+    counter(
+        "herald_status_frames_total",
+        "Delivery status pushes at sessions that opted in, by outcome (shown, or held for the interval's end).",
+    ),
     counter("herald_ack_timeouts_total", "Unacked pushes past gateway.ack_timeout_ms (the client is pinged)."),
     counter("herald_half_open_closes_total", "Sessions closed as half-open (4000): no pong, or writes stalled."),
     counter("herald_heartbeat_timeouts_total", "Sessions closed for missing heartbeats."),
@@ -149,6 +161,9 @@ pub const METRICS: &[Metric] = &[
     gauge("herald_outbox_oldest_unfinished_seconds", "Age of the oldest outbox event not yet sent, in seconds."),
     counter("herald_reads_total", "Read positions committed."),
     counter("herald_read_fanout_errors_total", "Read positions committed but not pushed to devices."),
+    counter("herald_delivered_positions_total", "Delivered positions moved forward in MySQL."),
+    counter("herald_status_pushes_total", "Delivery status pushes published to gateway nodes."),
+    counter("herald_status_errors_total", "Delivered positions committed whose senders' status could not be pushed."),
     // Worker: janitor.
     counter("herald_devices_expired_total", "Devices expired for inactivity."),
     counter("herald_devices_forgotten_total", "Expired devices deleted for good."),

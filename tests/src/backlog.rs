@@ -93,6 +93,7 @@ async fn write(redis: &Client, keys: &Keys, user: &str, device: &str, conv: &str
                     cmid: format!("c{id}"),
                     ts: 0,
                     body: RawValue::from_string("{}".into()).expect("a JSON body"),
+                    status: None,
                 };
                 (keys.message(m.id), msg_frame(&m))
             })

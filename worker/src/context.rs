@@ -8,6 +8,7 @@ use herald_shared::keys::Keys;
 use sqlx::mysql::MySqlPool;
 
 use crate::commit::CommitPipeline;
+use crate::delivered::DeliveredPositions;
 use crate::fanout::Fanout;
 use crate::lease::IdSource;
 use crate::outbox::Outbox;
@@ -25,6 +26,7 @@ pub struct WorkerContext {
     pub fanout: Arc<Fanout>,
     pub outbox: Arc<Outbox>,
     pub reads: ReadReceipts,
+    pub delivered: DeliveredPositions,
     /// Outbox events dispatched right after commit, to be marked SENT in batches.
     pub sent_marks: tokio::sync::mpsc::Sender<u64>,
     /// The last lease round succeeded (Redis reachable, ids leased).

@@ -285,6 +285,7 @@ impl IngressShard {
         let mut xids = Vec::with_capacity(entries.len());
         let mut valid = Vec::with_capacity(entries.len());
         let mut reads = Vec::new();
+        let mut delivered = Vec::new();
         let now = now_ms();
         for (xid, fields) in &entries {
             xids.push(xid.clone());
@@ -295,6 +296,7 @@ impl IngressShard {
             match IngressRequest::from_fields(fields) {
                 Some(IngressRequest::Send(e)) => valid.push(e),
                 Some(IngressRequest::Read(r)) => reads.push(r),
+                Some(IngressRequest::Delivered(d)) => delivered.push(d),
                 None => tracing::warn!(shard = self.shard, xid, "malformed ingress entry dropped"),
             }
         }
@@ -340,6 +342,22 @@ impl IngressShard {
             }
             if let Err(e) = publish(&s.redis, &s.keys, &by_node).await {
                 tracing::warn!(error = %e, "could not publish read notices");
+            }
+        }
+        // Delivered positions last: nobody waits for them.
+        if !delivered.is_empty() {
+            loop {
+                if cancel.is_cancelled() || !self.lease.is_valid() {
+                    return Ok(false);
+                }
+                match s.delivered.apply(&delivered).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        metrics::counter!("herald_mysql_errors_total").increment(1);
+                        tracing::warn!(shard = self.shard, error = %e, "delivered positions failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
             }
         }
         // Committed entries leave the stream: it holds only work not yet done.

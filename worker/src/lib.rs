@@ -9,7 +9,8 @@
 //! - The pipeline: [`commit`] (one transaction per batch), [`committer`] (a shard's
 //!   batch in byte-bounded chunks, poison entries isolated), [`fanout`] (pending sets,
 //!   frames and node publishes), [`outbox`] (the transactional outbox and its
-//!   dispatcher), [`reads`] (read receipts and their `read` frames).
+//!   dispatcher), [`reads`] (read receipts and their `read` frames), [`delivered`]
+//!   (delivered positions and the senders' `delivered` frames).
 //! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
 //!   consumer; [`trace`]: operators' views; [`admin`]: the admin API;
 //!   [`janitor`]: expired devices, message retention, stale stream consumers.
@@ -19,6 +20,7 @@ pub mod batch;
 pub mod commit;
 pub mod committer;
 pub mod context;
+pub mod delivered;
 pub mod fanout;
 pub mod group;
 pub mod ingress;
@@ -107,6 +109,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         ttl_ms: cfg.worker.read_state_ttl_s * 1000,
         device_ttl_ms: cfg.delivery.device_ttl_s * 1000,
     };
+    let delivered = delivered::DeliveredPositions { db: db.clone(), redis: redis.clone(), keys: keys.clone() };
     let shared = Arc::new(WorkerContext {
         commit: CommitPipeline::new(
             db.clone(),
@@ -123,6 +126,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         fanout: fanout.clone(),
         outbox: outbox.clone(),
         reads: read_receipts,
+        delivered,
         sent_marks,
         balancer_ok: AtomicBool::new(false),
     });

@@ -230,7 +230,8 @@ async fn open(
     let lost = SessionEnd::Closed { code: None, hints: Hints::default() };
     let protocols: &[&str] = if spec.offer_subprotocol { &[SUBPROTOCOL] } else { &[] };
     let query_token = (spec.token_in == TokenIn::Query).then_some(token);
-    let upgrade = Upgrade { query_token, protocols, local: spec.local_ip, tls: Some(&spec.tls) };
+    let features: &[&str] = if spec.delivery_status { &["delivered"] } else { &[] };
+    let upgrade = Upgrade { query_token, protocols, local: spec.local_ip, tls: Some(&spec.tls), features };
     let Ok((mut ws, chosen)) = WsClient::open(base, &upgrade).await else { return Err(lost) };
     if spec.offer_subprotocol && chosen.as_deref() != Some(SUBPROTOCOL) {
         ws.close().await;

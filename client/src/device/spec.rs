@@ -37,6 +37,9 @@ pub struct DeviceSpec {
     /// Offer the `herald.v1` subprotocol and insist that the server chooses it; `false`
     /// for gateways older than that name (they do not echo it).
     pub offer_subprotocol: bool,
+    /// Ask for `delivered` frames (the delivery status of the user's own messages),
+    /// which the observer then sees as frames.
+    pub delivery_status: bool,
     /// Gateways (`http://host:port`), tried in turn starting at `first_gateway`.
     pub gateways: Vec<String>,
     pub first_gateway: usize,
@@ -72,6 +75,7 @@ impl DeviceSpec {
             refresh_before: Duration::from_secs(60),
             token_in: TokenIn::Frame,
             offer_subprotocol: true,
+            delivery_status: false,
             gateways,
             first_gateway: 0,
             local_ip: None,

@@ -30,6 +30,13 @@ export type ErrorCode =
   | "unavailable"
   | "internal";
 
+/** How far one of the user's own messages got (history items only, docs/protocol.md section 2.7). */
+export interface WireStatus {
+  of: number;
+  delivered: number;
+  read: number;
+}
+
 /** A committed message (`msg` frames and history items). `body` is the sender's JSON. */
 export interface WireMessage {
   id: MessageId;
@@ -39,6 +46,8 @@ export interface WireMessage {
   cmid: string;
   ts: number;
   body: unknown;
+  /** On the user's own messages in history pages. */
+  status?: WireStatus;
 }
 
 export type ServerFrame =
@@ -51,7 +60,8 @@ export type ServerFrame =
   | { t: "pong"; ts: number }
   | { t: "error"; code: ErrorCode; message: string; ref?: string | null; retry_after_ms?: number }
   | { t: "reconnect"; after_ms: number }
-  | { t: "refreshed"; exp: number; ref: string | null };
+  | { t: "refreshed"; exp: number; ref: string | null }
+  | { t: "delivered"; conv: string; seq: number; count: number; user?: string };
 
 export type ClientFrame =
   | { t: "auth"; token: string; ref?: string }
@@ -113,11 +123,23 @@ export function parseServerFrame(text: string): ServerFrame | null {
         return isNat(f.after_ms);
       case "refreshed":
         return isNat(f.exp);
+      case "delivered":
+        return isStr(f.conv) && isNat(f.seq) && isNat(f.count) && (f.user === undefined || isStr(f.user));
       default:
         return false;
     }
   })();
   return ok ? (f as ServerFrame) : null;
+}
+
+/**
+ * The session's URL: the token in the query when asked (`tokenIn: "query"`), and the
+ * optional frames asked for (`features=`, docs/protocol.md section 3.1).
+ */
+export function sessionUrl(url: string, token: string | null, features: string[]): string {
+  const params = [token === null ? "" : `access_token=${encodeURIComponent(token)}`, features.length ? `features=${features.join(",")}` : ""];
+  const query = params.filter(Boolean).join("&");
+  return `${url.replace(/^http/, "ws").replace(/\/+$/, "")}/v1/ws${query ? `?${query}` : ""}`;
 }
 
 /** A JWT's claims, without checking the token; `null` when unreadable. */

@@ -1,5 +1,6 @@
-//! `POST /v1/messages` (the durable send over HTTP) and
-//! `POST /v1/conversations/{id}/read` (the HTTP read receipt).
+//! `POST /v1/messages` (the durable send over HTTP),
+//! `POST /v1/conversations/{id}/read` (the HTTP read receipt) and
+//! `GET /v1/messages/{id}/status` (a message's state per recipient, for its sender).
 //!
 //! The gateway validates, appends the request to its conversation's ingress stream
 //! and waits for the worker's answer, which comes only after COMMIT (see
@@ -8,11 +9,13 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::Json;
+use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::keys::DeviceKey;
 use herald_shared::protocol::{SendOutcome, SendResult};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use sqlx::Row;
 
 use crate::api::auth::Caller;
 use crate::error::{parse_json, ApiError, ApiResult};
@@ -66,6 +69,39 @@ pub async fn send(State(state): State<AppState>, Caller(c): Caller, body: Bytes)
 
 /// Property tests of the send and read bodies: any JSON parses or is refused with
 /// `bad_request`, never a panic; `PROPTEST_CASES=100000` runs them longer.
+/// `GET /v1/messages/{id}/status`: how far one of the caller's messages got, per
+/// recipient. Only its sender may ask; another tenant's id is unknown (404).
+pub async fn status(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let id: herald_shared::ids::MsgId =
+        id.parse().map_err(|_| ApiError::bad_request("the id must be a message id (decimal string)"))?;
+    let row = sqlx::query("SELECT conv_id, seq, sender_id FROM messages WHERE id = ? AND tenant_id = ?")
+        .bind(id.0)
+        .bind(&c.tid)
+        .fetch_optional(&state.db)
+        .await?;
+    let Some(row) = row else { return Err(ApiError::not_found()) };
+    let (conv, seq, sender): (String, u64, String) = (row.text(0)?, row.try_get(1)?, row.text(2)?);
+    if sender != c.sub {
+        return Err(ApiError::new(ErrorCode::Forbidden, "only the sender may read a message's status"));
+    }
+    let members = crate::status::positions(&state.db, &c.tid, &conv).await?;
+    let counts = crate::status::status_of(&members, &sender, seq);
+    let recipients = crate::status::recipients(&members, &sender, seq);
+    Ok(Json(serde_json::json!({
+        "id": id,
+        "conv": conv,
+        "seq": seq,
+        "of": counts.of,
+        "delivered": counts.delivered,
+        "read": counts.read,
+        "recipients": recipients,
+    })))
+}
+
 #[cfg(test)]
 mod proptests {
     use super::*;

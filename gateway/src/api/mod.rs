@@ -41,6 +41,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations", post(conversations::create).get(conversations::list))
         .route("/v1/conversations/{id}/members", post(conversations::change_members))
         .route("/v1/messages", post(messages::send))
+        .route("/v1/messages/{id}/status", get(messages::status))
         .route("/v1/conversations/{id}/messages", get(history::messages))
         .route("/v1/conversations/{id}/read", post(messages::read))
         .route("/v1/sync", get(history::sync))

@@ -78,9 +78,10 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     let tracker = state.session_tasks.clone();
     let peer = crate::listener::peer_of(&parts).map(|a| a.ip());
     let ip = crate::client_ip::client_ip(&g.trusted_proxies, peer, &parts.headers);
+    let status = wants_delivery_status(parts.uri.query());
     let Some(token) = token_of(&parts) else {
         // The token comes as the first frame; nothing is charged until it is valid.
-        return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, socket)));
+        return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, status, socket)));
     };
     let admitted = match verify(&token, state.cfg.jwt_secret.0.as_bytes()) {
         Ok(claims) => admit(&state, ip, &claims).await.map(|permit| (claims, permit)),
@@ -88,14 +89,14 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     };
     match admitted {
         Ok((claims, permit)) => {
-            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, permit, socket)))
+            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, permit, status, socket)))
         }
         Err(refusal) => ws.on_upgrade(move |socket| tracker.track_future(refusal.tell(socket))),
     }
 }
 
 /// A session opened without a token: its first frame must be `auth` with a valid one.
-async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, mut socket: WebSocket) {
+async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, status: bool, mut socket: WebSocket) {
     let deadline = Duration::from_millis(state.cfg.gateway.handshake_timeout_ms);
     let secret = state.cfg.jwt_secret.0.clone();
     let claims = match tokio::time::timeout(deadline, first_frame_token(&mut socket)).await {
@@ -108,7 +109,7 @@ async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, mut socket
         Err(reason) => Err(Refusal::unauthorized(reason)),
     };
     match admitted {
-        Ok((claims, permit)) => serve(state, ip, claims, permit, socket).await,
+        Ok((claims, permit)) => serve(state, ip, claims, permit, status, socket).await,
         Err(refusal) => refusal.tell(socket).await,
     }
 }
@@ -169,15 +170,45 @@ fn serve(
     ip: Option<IpAddr>,
     claims: Claims,
     permit: ConnectionPermit,
+    delivery_status: bool,
     socket: WebSocket,
 ) -> impl Future<Output = ()> {
     // The client's address in every line the session logs.
     let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
     // The slot is held for the whole session and given back when it ends.
-    Session::run(state.sessions.clone(), claims, socket).instrument(span).map(move |()| drop(permit))
+    Session::run(state.sessions.clone(), claims, socket, delivery_status).instrument(span).map(move |()| drop(permit))
+}
+
+/// Whether the upgrade's query opts in to `delivered` frames: `features=delivered`
+/// (a comma-separated list; names this gateway does not know are ignored, so a client
+/// may ask for features of newer gateways). Opt-in, so clients that predate the frame
+/// never see it.
+fn wants_delivery_status(query: Option<&str>) -> bool {
+    let Some(query) = query else { return false };
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(k, _)| *k == "features")
+        .flat_map(|(_, v)| v.split([',', ' ']).flat_map(|f| f.split("%2C").flat_map(|f| f.split("%2c"))))
+        .any(|f| f == "delivered")
 }
 
 pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {
     let frame = CloseFrame { code: code.code(), reason: reason.chars().take(120).collect::<String>().into() };
     let _ = tokio::time::timeout(Duration::from_secs(2), socket.send(Message::Close(Some(frame)))).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn delivery_status_is_asked_for_by_the_features_list_only() {
+        let wants = super::wants_delivery_status;
+        assert!(wants(Some("features=delivered")));
+        assert!(wants(Some("access_token=x&features=typing,delivered")));
+        assert!(wants(Some("features=typing%2Cdelivered")));
+        assert!(!wants(None));
+        assert!(!wants(Some("access_token=x")));
+        assert!(!wants(Some("features=deliveredx")));
+        assert!(!wants(Some("delivered=1")));
+    }
 }

@@ -206,6 +206,11 @@ impl BacklogPager {
             && self.band.is_none()
     }
 
+    /// `caught_up` was sent for this reading: nothing older is still on its way.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
     /// Marks the backlog delivered; what `caught_up` reports.
     pub fn finish(&mut self) -> u64 {
         self.done = true;

@@ -3,7 +3,7 @@
 
 use std::ops::ControlFlow;
 
-use axum::extract::ws::Message;
+use axum::extract::ws::{Message, Utf8Bytes};
 use fred::interfaces::SortedSetsInterface;
 use futures::{Sink, Stream};
 use herald_shared::error::ErrorCode;
@@ -26,7 +26,7 @@ where
 {
     /// A realtime push from the node channel.
     pub(super) async fn on_push(&mut self, push: Push) -> Flow {
-        if !self.inflight.insert(push.id, Instant::now()) {
+        if !self.inflight.insert(push.id, Instant::now(), &push.frame) {
             return ControlFlow::Continue(());
         }
         // Time the push waited for room in a full window is the device's, not the node's.
@@ -129,9 +129,10 @@ where
         }
         let now = Instant::now();
         for m in page {
-            if self.inflight.insert(m.id, now) {
+            let frame: Utf8Bytes = msg_frame(&m).into();
+            if self.inflight.insert(m.id, now, &frame) {
                 self.backlog.pushed(m.id);
-                self.write(msg_frame(&m).into()).await;
+                self.write(frame).await;
                 metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
             }
         }
@@ -162,9 +163,10 @@ where
         for id in fresh {
             match frames.get(&id) {
                 Some(frame) => {
-                    self.inflight.insert(id, now);
+                    let frame: Utf8Bytes = frame.clone().into();
+                    self.inflight.insert(id, now, &frame);
                     self.backlog.pushed(id);
-                    self.write(frame.clone().into()).await;
+                    self.write(frame).await;
                     metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
                 }
                 None => {
@@ -186,10 +188,11 @@ where
         let now_ms = now_ms();
         for id in &ids {
             let kind = if self.backlog.is_outstanding(*id) { "backlog" } else { "realtime" };
-            if self.inflight.ack(*id) {
+            if let Some(frame) = self.inflight.ack(*id) {
                 // Commit (the id's own timestamp) to device ack.
                 let secs = now_ms.saturating_sub(id.unix_ms()) as f64 / 1000.0;
                 metrics::histogram!("herald_delivery_seconds", "kind" => kind).record(secs);
+                self.delivered.note(&frame, &self.device.user);
             }
             self.backlog.acked(*id);
         }
@@ -233,6 +236,7 @@ where
             self.acks.restore(ids, Instant::now() + ACK_RETRY);
             return Err(e);
         }
+        self.report_delivered();
         Ok(())
     }
 
@@ -244,6 +248,7 @@ where
 
     async fn finish_backlog(&mut self) {
         let delivered = self.backlog.finish();
+        self.report_delivered();
         self.send_frame(CaughtUp { delivered }).await;
     }
 }

@@ -10,13 +10,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use axum::extract::ws::Utf8Bytes;
 use herald_shared::ids::MsgId;
 use tokio::time::Instant;
 
-/// Pushes written to the device and not yet acked, with when they were written.
+/// Pushes written to the device and not yet acked, with when they were written and
+/// their frame (shared bytes, not a copy), which an ack reads for the delivered position.
 #[derive(Debug)]
 pub struct Inflight {
-    sent: HashMap<MsgId, Instant>,
+    sent: HashMap<MsgId, (Instant, Utf8Bytes)>,
     window: usize,
     /// When the window last had room again after being full.
     reopened: Instant,
@@ -46,22 +48,23 @@ impl Inflight {
         self.sent.contains_key(&id)
     }
 
-    /// Records a push; false when the id is already in flight (not written again).
-    pub fn insert(&mut self, id: MsgId, now: Instant) -> bool {
+    /// Records a push of `frame`; false when the id is already in flight (not written
+    /// again).
+    pub fn insert(&mut self, id: MsgId, now: Instant, frame: &Utf8Bytes) -> bool {
         if self.sent.contains_key(&id) {
             return false;
         }
-        self.sent.insert(id, now);
+        self.sent.insert(id, (now, frame.clone()));
         true
     }
 
-    /// An ack: true when the id was in flight. An emptied window gives its memory back
-    /// (it grows to `inflight_window` entries under a backlog, and would keep that while
-    /// the session idles).
-    pub fn ack(&mut self, id: MsgId) -> bool {
+    /// An ack: the frame when the id was in flight. An emptied window gives its memory
+    /// back (it grows to `inflight_window` entries under a backlog, and would keep that
+    /// while the session idles).
+    pub fn ack(&mut self, id: MsgId) -> Option<Utf8Bytes> {
         let full = !self.has_room();
-        let acked = self.sent.remove(&id).is_some();
-        if full && acked {
+        let acked = self.sent.remove(&id).map(|(_, frame)| frame);
+        if full && acked.is_some() {
             self.reopened = Instant::now();
         }
         if self.sent.is_empty() {
@@ -76,12 +79,12 @@ impl Inflight {
 
     /// Whether some push has waited longer than `timeout` for its ack.
     pub fn overdue(&self, now: Instant, timeout: Duration) -> bool {
-        self.sent.values().any(|t| now.duration_since(*t) > timeout)
+        self.sent.values().any(|(t, _)| now.duration_since(*t) > timeout)
     }
 
     /// The device answered a probe: slow, not dead. Its pushes get their time again.
     pub fn refresh(&mut self, now: Instant) {
-        for t in self.sent.values_mut() {
+        for (t, _) in self.sent.values_mut() {
             *t = now;
         }
     }
@@ -243,14 +246,16 @@ mod tests {
     async fn the_inflight_window_fills_refuses_repeats_and_empties_on_acks() {
         let mut w = Inflight::new(2);
         let now = Instant::now();
-        assert!(w.insert(MsgId(1), now) && !w.insert(MsgId(1), now), "an id in flight is not pushed twice");
+        let f = Utf8Bytes::from_static("{}");
+        assert!(w.insert(MsgId(1), now, &f) && !w.insert(MsgId(1), now, &f), "an id in flight is not pushed twice");
         assert!(w.has_room() && w.room() == 1);
-        assert!(w.insert(MsgId(2), now));
+        assert!(w.insert(MsgId(2), now, &f));
         assert!(!w.has_room());
-        assert!(w.ack(MsgId(1)) && !w.ack(MsgId(1)) && !w.ack(MsgId(7)));
+        assert!(w.ack(MsgId(1)).is_some() && w.ack(MsgId(1)).is_none() && w.ack(MsgId(7)).is_none());
         assert!(w.has_room() && w.contains(MsgId(2)) && !w.contains(MsgId(1)));
-        assert!(w.ack(MsgId(2)) && w.sent.capacity() == 0, "an emptied window holds no memory");
-        w.insert(MsgId(2), now);
+        assert_eq!(w.ack(MsgId(2)).as_deref(), Some("{}"), "an ack gives the frame back");
+        assert_eq!(w.sent.capacity(), 0, "an emptied window holds no memory");
+        w.insert(MsgId(2), now, &f);
         tokio::time::advance(ms(1_001)).await;
         assert!(w.overdue(Instant::now(), ms(1_000)));
         w.refresh(Instant::now());
@@ -301,7 +306,7 @@ mod tests {
         let mut hb = Heartbeat::new(ms(25_000), ms(10_000), ms(5_000), t0);
         let mut w = Inflight::new(4);
         assert_eq!(hb.next_due(t0, &w), t0 + ms(25_000), "idle: nothing until the ping");
-        w.insert(MsgId(1), t0);
+        w.insert(MsgId(1), t0, &Utf8Bytes::from_static("{}"));
         assert_eq!(hb.next_due(t0, &w), t0 + ms(1_000), "a push in flight: checked every second");
         w.ack(MsgId(1));
         // A silent client: after two pings, the idle limit comes before the third.
@@ -317,7 +322,7 @@ mod tests {
         let (timeout, probe) = (ms(10_000), ms(5_000));
         let mut hb = Heartbeat::new(ms(25_000), timeout, probe, Instant::now());
         let mut w = Inflight::new(4);
-        w.insert(MsgId(9), Instant::now());
+        w.insert(MsgId(9), Instant::now(), &Utf8Bytes::from_static("{}"));
         tokio::time::advance(ms(10_001)).await;
         assert_eq!(hb.tick(Instant::now(), &w), Ok(Beat { ping: true, keepalive: false, probe: true }));
         // A slow device answers: its push gets its time again, no new probe yet.

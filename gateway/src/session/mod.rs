@@ -15,8 +15,9 @@
 //! - [`presence`]: where the device is connected, one session per device.
 //! - `closing`: the node's drain and the session's end; `delivery`: pushes, backlog
 //!   pages, acks; `upkeep`: the timer and what it does (heartbeat, epoch, watermark);
-//!   `requests`: send, sync and read; `reads`: read positions shown; `token`: the
-//!   token's expiry and its refresh.
+//!   `requests`: send, sync and read; `reads`: read positions shown; `status`:
+//!   delivered positions reported and delivery status shown; `token`: the token's
+//!   expiry and its refresh.
 //!
 //! The loop is generic over a `Stream` + `Sink` of WebSocket messages, so a test drives
 //! a session over channels.
@@ -28,6 +29,7 @@ mod inflight;
 mod presence;
 mod reads;
 mod requests;
+mod status;
 mod token;
 mod upkeep;
 
@@ -54,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::acks::LeftoverAcks;
+use crate::delivered::DeliveredReports;
 use crate::epoch::{EpochSeen, EpochWatch};
 use crate::history::History;
 use crate::ingress::Ingress;
@@ -66,6 +69,7 @@ use backlog::BacklogPager;
 use inflight::{AckBatch, Heartbeat, Inflight};
 use presence::Presence;
 use requests::Strikes;
+use status::{DeliveredMarks, StatusThrottle};
 
 /// `hello.pending` counts an overflow band's messages up to this many.
 const BAND_COUNT_MAX: u32 = 100_000;
@@ -82,6 +86,8 @@ pub struct SessionEnv {
     pub marks: Marks,
     /// Acks a session could not record before it ended.
     pub leftover_acks: LeftoverAcks,
+    /// Where acks move the user's delivered positions.
+    pub delivered: DeliveredReports,
     pub epoch: EpochWatch,
     pub directory: Arc<SessionRegistry>,
     pub limits: Arc<NodeLimits>,
@@ -139,6 +145,10 @@ pub struct Session<S> {
     strikes: Strikes,
     /// Read positions written but not yet confirmed by a pong: (field, seq).
     unconfirmed_reads: Vec<(String, u64)>,
+    /// The highest seq acked per conversation, not yet reported.
+    delivered: DeliveredMarks,
+    /// Delivery status shown to this sender's device: only when it opted in.
+    status: Option<Box<StatusThrottle>>,
     /// Sends, syncs and reads waiting for their answers; aborted with the session.
     requests: JoinSet<Option<ServerFrame>>,
     /// A write missed its deadline: the connection is given up.
@@ -156,10 +166,16 @@ where
     /// Serves one device's session until it ends. Not an `async fn`: its arguments
     /// would stay in the session's future, a second copy beside the session they
     /// moved into.
-    pub fn run(env: Arc<SessionEnv>, claims: Claims, socket: S) -> impl Future<Output = ()> {
+    /// `delivery_status`: the device opted in to `delivered` frames.
+    pub fn run(env: Arc<SessionEnv>, claims: Claims, socket: S, delivery_status: bool) -> impl Future<Output = ()> {
         let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
-        Session::new(env, claims, id, socket).serve().instrument(span)
+        let mut session = Session::new(env, claims, id, socket);
+        if delivery_status {
+            let interval = Duration::from_millis(session.env.cfg.delivery.status_interval_ms);
+            session.status = Some(Box::new(StatusThrottle::new(interval)));
+        }
+        session.serve().instrument(span)
     }
 
     fn new(env: Arc<SessionEnv>, claims: Claims, id: String, socket: S) -> Session<S> {
@@ -192,6 +208,8 @@ where
             last_report: now,
             strikes: Strikes::default(),
             unconfirmed_reads: Vec::new(),
+            delivered: DeliveredMarks::default(),
+            status: None,
             requests: JoinSet::new(),
             stalled: false,
             expires: token::expiry(claims.exp),
@@ -292,6 +310,10 @@ where
             Control::Read(position) => {
                 self.show_read(position).await;
                 self.ping().await;
+                ControlFlow::Continue(())
+            }
+            Control::Status(status) => {
+                self.on_status(status).await;
                 ControlFlow::Continue(())
             }
         }

@@ -115,6 +115,7 @@ async fn fixture(device: &str) -> Fixture {
     let _: i64 = redis.hset(keys.devices("t", "u"), (epoch_marker(device), epoch.as_str())).await.unwrap();
     let (marks, _flusher) = crate::watermarks::channel(db.clone());
     let (leftover_acks, _retrier) = crate::acks::channel(pool.clone());
+    let (delivered, _delivered_flusher) = crate::delivered::channel(pool.clone(), keys.clone(), 8);
     let env = Arc::new(SessionEnv {
         redis: pool.clone(),
         keys: keys.clone(),
@@ -137,6 +138,7 @@ async fn fixture(device: &str) -> Fixture {
         recovery: Recovery { db, redis: pool.clone(), keys: keys.clone(), watermark_margin_ms: 1 },
         marks,
         leftover_acks,
+        delivered,
         epoch: EpochWatch::new(epoch),
         directory: Arc::new(SessionRegistry::default()),
         limits: Arc::new(crate::limits::NodeLimits::new(&cfg.gateway)),
@@ -148,7 +150,16 @@ async fn fixture(device: &str) -> Fixture {
 
 fn frame_of(id: u64, seq: u64) -> String {
     let body = RawValue::from_string("{}".into()).unwrap();
-    let m = Msg { id: MsgId(id), conv: "c".into(), seq, from: "x".into(), cmid: format!("m{seq}"), ts: 0, body };
+    let m = Msg {
+        id: MsgId(id),
+        conv: "c".into(),
+        seq,
+        from: "x".into(),
+        cmid: format!("m{seq}"),
+        ts: 0,
+        body,
+        status: None,
+    };
     herald_shared::protocol::msg_frame(&m)
 }
 
@@ -167,7 +178,7 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
     let ids: Vec<u64> = (0..7).map(|k| (1u64 << 62) + k).collect();
     fill(&f, "d1", &ids).await;
     let (socket, mut peer) = socket_pair();
-    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), socket));
+    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), socket, false));
 
     let Ok(ServerFrame::Hello(hello)) = peer.next().await else { panic!("hello first") };
     assert_eq!((hello.pending, hello.hb_ms), (7, 25_000));
@@ -209,7 +220,7 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
 
     // A newer session of the same device replaces this one: 4002.
     let (socket2, mut peer2) = socket_pair();
-    let newer = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), socket2));
+    let newer = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), socket2, false));
     assert_eq!(peer.next().await.unwrap_err(), Some(4002));
     session.await.unwrap();
     assert!(matches!(peer2.next().await, Ok(ServerFrame::Hello(_))));

@@ -36,7 +36,7 @@ where
             // A rebuild for a new epoch failed: retried every second.
             due = due.min(self.last_upkeep + Duration::from_secs(1));
         }
-        for at in [self.backlog.resume_at(), self.acks.due()].into_iter().flatten() {
+        for at in [self.backlog.resume_at(), self.acks.due(), self.status_due()].into_iter().flatten() {
             due = due.min(at);
         }
         due
@@ -53,6 +53,9 @@ where
         }
         if self.acks.due().is_some_and(|t| t <= now) {
             self.on_ack_due().await?;
+        }
+        if self.status_due().is_some_and(|t| t <= now) {
+            self.show_due_statuses(now).await;
         }
         let upkeep_due =
             self.heartbeat.next_due(self.last_upkeep, &self.inflight).min(self.last_mark + self.mark_every());

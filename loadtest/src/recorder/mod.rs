@@ -302,6 +302,7 @@ mod tests {
             cmid: "m0".into(),
             ts: 0,
             body: serde_json::value::to_raw_value(&body).unwrap(),
+            status: None,
         }
     }
 

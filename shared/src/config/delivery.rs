@@ -26,6 +26,12 @@ section! {
         /// catches up from its watermark (read from MySQL), so nothing is lost; only
         /// abandoned devices stop costing.
         pub device_ttl_s: u64 = "2592000",
+        /// A sender's session shows at most one `delivered` frame per conversation this often.
+        ///
+        /// Acks move the members' delivered positions in batches, and each batch may
+        /// change a sender's status; what arrives within an interval is held and the
+        /// latest shown at its end (docs/protocol.md section 4.9).
+        pub status_interval_ms: u64 = "1000",
     }
 }
 
@@ -43,6 +49,9 @@ impl DeliveryConfig {
         }
         if self.device_ttl_s < 60 {
             bad.push("delivery.device_ttl_s", "must be at least 60");
+        }
+        if !(10..=60_000).contains(&self.status_interval_ms) {
+            bad.push("delivery.status_interval_ms", "must be 10..=60000");
         }
         if !(200..=600_000).contains(&self.sync_settle_ms) {
             bad.push("delivery.sync_settle_ms", "must be 200..=600000");

@@ -24,11 +24,12 @@ use crate::ids::MsgId;
 pub use client::{AckFrame, ClientFrame, FrameError, PingFrame, ReadFrame, SendFrame, SyncFrame, TokenFrame};
 pub use close::CloseCode;
 pub use node::{
-    read_field, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, ReadEntry, ReadPush, SendNotice,
-    SendOutcome,
+    read_field, DeliveredEntry, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, ReadEntry, ReadPush,
+    SendNotice, SendOutcome, StatusPush,
 };
 pub use server::{
-    CaughtUp, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Refreshed, Sent, ServerFrame,
+    CaughtUp, DeliveryStatus, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Refreshed, Sent,
+    ServerFrame,
 };
 
 /// The WebSocket subprotocol naming this protocol's version (`Sec-WebSocket-Protocol`).
@@ -47,6 +48,18 @@ pub struct Message {
     pub cmid: String,
     pub ts: u64,
     pub body: Box<RawValue>,
+    /// Only in history pages, on the caller's own messages: how far they got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<MessageStatus>,
+}
+
+/// How far one of the caller's own messages got (history pages): of the `of` members
+/// it went to, `delivered` have it on a device (or read it), `read` read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MessageStatus {
+    pub of: u64,
+    pub delivered: u64,
+    pub read: u64,
 }
 
 impl PartialEq for Message {
@@ -111,6 +124,7 @@ mod tests {
             cmid: "m-1".into(),
             ts: 1,
             body: RawValue::from_string(r#"{"text":"hi"}"#.into()).unwrap(),
+            status: None,
         };
         let f = msg_frame(&m);
         assert!(f.starts_with(r#"{"t":"msg","id":"7405329411723264001""#), "{f}");

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::server::DeliveryStatus;
 use super::SendResult;
 use crate::error::ErrorCode;
 use crate::ids::MsgId;
@@ -95,11 +96,44 @@ impl ReadEntry {
     }
 }
 
+/// A member's delivered position on its way to a worker: a device of `user` acked
+/// `conv` up to `seq` (the highest of a gateway's batch). Nobody waits for an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveredEntry {
+    pub tenant: String,
+    pub user: String,
+    pub conv: String,
+    pub seq: u64,
+}
+
+impl DeliveredEntry {
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("k", "dlv".into()),
+            ("tid", self.tenant.clone()),
+            ("uid", self.user.clone()),
+            ("conv", self.conv.clone()),
+            ("seq", self.seq.to_string()),
+        ]
+    }
+
+    pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<DeliveredEntry> {
+        let get = |k: &str| f.get(k).cloned();
+        Some(DeliveredEntry {
+            tenant: get("tid")?,
+            user: get("uid")?,
+            conv: get("conv")?,
+            seq: get("seq")?.parse().ok()?,
+        })
+    }
+}
+
 /// Anything a gateway puts into an ingress stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IngressRequest {
     Send(IngressEntry),
     Read(ReadEntry),
+    Delivered(DeliveredEntry),
 }
 
 impl IngressRequest {
@@ -107,14 +141,8 @@ impl IngressRequest {
         match f.get("k").map(String::as_str) {
             None | Some("send") => IngressEntry::from_fields(f).map(IngressRequest::Send),
             Some("read") => ReadEntry::from_fields(f).map(IngressRequest::Read),
+            Some("dlv") => DeliveredEntry::from_fields(f).map(IngressRequest::Delivered),
             Some(_) => None,
-        }
-    }
-
-    pub fn node_and_rid(&self) -> (&str, u64) {
-        match self {
-            IngressRequest::Send(e) => (&e.node, e.rid),
-            IngressRequest::Read(e) => (&e.node, e.rid),
         }
     }
 }
@@ -190,6 +218,14 @@ pub struct ReadPush {
     pub to: Vec<DeviceKey>,
 }
 
+/// A sender's delivery status pushed to its devices on one node (sessions that opted
+/// in show it, at most one per conversation per `delivery.status_interval_ms`).
+#[derive(Debug, Serialize, Deserialize, Clone)]
+pub struct StatusPush {
+    pub status: DeliveryStatus,
+    pub to: Vec<DeviceKey>,
+}
+
 /// One message pushed to a set of devices on one node.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Delivery {
@@ -210,6 +246,9 @@ pub struct NodeEnvelope {
     pub kick: Vec<Kick>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reads: Vec<ReadPush>,
+    /// Absent from workers older than delivery status; ignored by older gateways.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub status: Vec<StatusPush>,
 }
 
 /// Tells a node to close a session replaced elsewhere (close code 4002).
@@ -238,6 +277,17 @@ mod tests {
         // A notice of an older worker, without its echo, still reads.
         let old: SendNotice = serde_json::from_str(r#"{"rid":4,"err":{"code":"internal","message":"x"}}"#).unwrap();
         assert_eq!(old.echo, None);
+    }
+
+    #[test]
+    fn delivered_entries_round_trip_and_unknown_kinds_are_refused() {
+        let e = DeliveredEntry { tenant: "t".into(), user: "u".into(), conv: "c".into(), seq: 9 };
+        let fields: std::collections::HashMap<String, String> =
+            e.to_fields().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        assert_eq!(IngressRequest::from_fields(&fields), Some(IngressRequest::Delivered(e)));
+        let mut other = fields.clone();
+        other.insert("k".into(), "later".into());
+        assert_eq!(IngressRequest::from_fields(&other), None);
     }
 
     #[test]

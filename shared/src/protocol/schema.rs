@@ -93,7 +93,7 @@ mod tests {
                 .collect()
         };
         let server = tags("ServerFrame");
-        assert_eq!(server.len(), 10, "{server:?}");
+        assert_eq!(server.len(), 11, "{server:?}");
         assert!(server.contains(&"caught_up".to_owned()));
         assert_eq!(tags("ClientFrame"), ["send", "ack", "read", "sync", "ping", "auth", "refresh"]);
         assert_eq!(s["$defs"]["MsgId"]["type"], "string");

@@ -23,6 +23,7 @@ pub enum ServerFrame {
     Error(ErrorFrame),
     Reconnect(Reconnect),
     Refreshed(Refreshed),
+    Delivered(DeliveryStatus),
 }
 
 /// The first frame of a session.
@@ -58,6 +59,21 @@ pub struct ReadPosition {
     pub conv: String,
     pub user: String,
     pub seq: u64,
+}
+
+/// The delivery status of the receiving user's own messages in `conv`, sent only to
+/// sessions that opted in (`features=delivered`, docs/protocol.md section 3.2): `count`
+/// other members have every message up to `seq` delivered to a device (or read).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DeliveryStatus {
+    pub conv: String,
+    /// The user's latest message the status is about; earlier ones have at least `count`.
+    pub seq: u64,
+    /// Other members (not the user) whose delivered position is at least `seq`.
+    pub count: u64,
+    /// In a direct conversation, the other member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// The device's backlog is delivered and acked.
@@ -156,6 +172,7 @@ impl ServerFrame {
             ServerFrame::Error(_) => ErrorFrame::T,
             ServerFrame::Reconnect(_) => Reconnect::T,
             ServerFrame::Refreshed(_) => Refreshed::T,
+            ServerFrame::Delivered(_) => DeliveryStatus::T,
         }
     }
 
@@ -191,6 +208,7 @@ impl ServerFrame {
             ErrorFrame::T => read(text, t, ServerFrame::Error),
             Reconnect::T => read(text, t, ServerFrame::Reconnect),
             Refreshed::T => read(text, t, ServerFrame::Refreshed),
+            DeliveryStatus::T => read(text, t, ServerFrame::Delivered),
             other => Err(ServerFrameError::Unknown(other.to_owned())),
         }
     }
@@ -237,6 +255,7 @@ frame_kind! {
     ErrorFrame => Error, "error";
     Reconnect => Reconnect, "reconnect";
     Refreshed => Refreshed, "refreshed";
+    DeliveryStatus => Delivered, "delivered";
 }
 
 #[cfg(test)]
@@ -253,6 +272,7 @@ mod tests {
             cmid: format!("m-{seq}"),
             ts: 1_700_000_000_000,
             body: RawValue::from_string(r#"{"text": "hi", "n": [1, 2.5]}"#.into()).unwrap(),
+            status: None,
         }
     }
 
@@ -286,6 +306,8 @@ mod tests {
             ErrorFrame::new(ErrorCode::Forbidden, "not a member").into(),
             Reconnect { after_ms: 1_234 }.into(),
             Refreshed { exp: 1_900_000_000, reference: Some("r1".into()) }.into(),
+            DeliveryStatus { conv: "ab".into(), seq: 4, count: 1, user: Some("bob".into()) }.into(),
+            DeliveryStatus { conv: "g".into(), seq: 9, count: 12, user: None }.into(),
         ]
     }
 
@@ -293,7 +315,7 @@ mod tests {
     fn every_server_frame_round_trips() {
         let frames = every_frame();
         let kinds: std::collections::BTreeSet<&str> = frames.iter().map(ServerFrame::kind).collect();
-        assert_eq!(kinds.len(), 10, "every frame type is covered: {kinds:?}");
+        assert_eq!(kinds.len(), 11, "every frame type is covered: {kinds:?}");
         for f in frames {
             let text = f.to_json();
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();

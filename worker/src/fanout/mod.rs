@@ -171,6 +171,7 @@ impl Fanout {
                     cmid: m.cmid.clone(),
                     ts: m.ts,
                     body,
+                    status: None,
                 });
                 frames.insert(m.id, frame);
                 for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {

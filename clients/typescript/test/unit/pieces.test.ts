@@ -3,7 +3,7 @@ import { AckBatch } from "../../src/acks.js";
 import { Backoff } from "../../src/backoff.js";
 import { SeenIds } from "../../src/dedup.js";
 import { compareIds, isMessageId } from "../../src/ids.js";
-import { Close, parseServerFrame, tokenExpiry } from "../../src/protocol.js";
+import { Close, parseServerFrame, sessionUrl, tokenExpiry } from "../../src/protocol.js";
 import { onSessionEnd } from "../../src/reconnect.js";
 
 describe("ids", () => {
@@ -35,6 +35,15 @@ describe("frames", () => {
     expect(parseServerFrame('{"t":"hello","session":"s","hb_ms":"25000","pending":0}')).toBeNull();
     expect(parseServerFrame('{"t":"hello","session":"s","hb_ms":25000,"pending":0,"new_field":1}')).toMatchObject({ t: "hello", hb_ms: 25000 });
     expect(parseServerFrame('{"t":"refreshed","exp":5,"ref":null}')).toMatchObject({ t: "refreshed", exp: 5 });
+    expect(parseServerFrame('{"t":"delivered","conv":"ab","seq":3,"count":1,"user":"bob"}')).toMatchObject({ t: "delivered", seq: 3, user: "bob" });
+    expect(parseServerFrame('{"t":"delivered","conv":"g","seq":3,"count":12}')).toMatchObject({ t: "delivered", count: 12 });
+    expect(parseServerFrame('{"t":"delivered","conv":"g","seq":3,"count":"12"}')).toBeNull();
+  });
+
+  it("build the session's URL with the token and the features asked for", () => {
+    expect(sessionUrl("https://chat.example.com/", null, [])).toBe("wss://chat.example.com/v1/ws");
+    expect(sessionUrl("http://h:1", "a b", [])).toBe("ws://h:1/v1/ws?access_token=a%20b");
+    expect(sessionUrl("wss://h", null, ["delivered"])).toBe("wss://h/v1/ws?features=delivered");
   });
 
   it("read a token's exp without verifying it", () => {
