@@ -10,12 +10,13 @@ import { SeenIds } from "./dedup.js";
 import { Emitter } from "./events.js";
 import type { MessageId } from "./ids.js";
 import { Outbox, newCmid, type SendResult } from "./outbox.js";
-import { parseServerFrame, SUBPROTOCOL, tokenExpiry, tokenUser, type ClientFrame, type ServerFrame, type WireMessage } from "./protocol.js";
+import { parseServerFrame, sessionUrl, SUBPROTOCOL, tokenExpiry, tokenUser, type ClientFrame, type ServerFrame, type WireMessage } from "./protocol.js";
 import { onSessionEnd, type Hints } from "./reconnect.js";
+import { DeliveryStatuses, type MessageStatus } from "./status.js";
 import { Timelines } from "./timeline.js";
 import { UnreadCounts } from "./unread.js";
 import type { ConversationItem } from "./api.js";
-import type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./options.js";
+import { DEFAULTS, type ConnectionState, type HeraldEvents, type HeraldOptions, type Message, type StateChange, type TokenReason, type WebSocketFactory, type WebSocketLike } from "./options.js";
 
 export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike };
 
@@ -33,6 +34,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   private readonly outbox: Outbox;
   private readonly timelines: Timelines;
   private readonly unreadCounts = new UnreadCounts((conv, unread) => this.emit("unread", { conv, unread }));
+  private readonly statuses = new DeliveryStatuses((s) => this.emit("status", s));
   private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket" | "browser">> & { WebSocket: WebSocketFactory };
   private readonly unwatch: () => void;
   private hints: Hints = {};
@@ -56,17 +58,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     super();
     const WS = options.WebSocket ?? (globalThis as any).WebSocket;
     if (!WS) throw new Error("no WebSocket: pass options.WebSocket (in Node, the `ws` package)");
-    this.o = {
-      autoAck: true,
-      tokenIn: "frame",
-      offerSubprotocol: true,
-      gapSyncAfterMs: 3_000,
-      sendTimeoutMs: 10_000,
-      dedupCapacity: 10_000,
-      refreshBeforeMs: 60_000,
-      ...options,
-      WebSocket: WS,
-    };
+    this.o = { ...DEFAULTS, ...options, WebSocket: WS };
     this.backoff = new Backoff(options.backoff);
     this.seen = new SeenIds(this.o.dedupCapacity);
     this.acked = new SeenIds(this.o.dedupCapacity);
@@ -106,6 +98,11 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   /** Unread messages of `conv`, kept live from a conversation list given to `seedUnread`. */
   unread(conv: string): number {
     return this.unreadCounts.count(conv);
+  }
+
+  /** How far the user's message `seq` of `conv` got (sent, delivered, read), if this client saw it. */
+  statusOf(conv: string, seq: number): MessageStatus | undefined {
+    return this.statuses.statusOf(conv, seq);
   }
 
   /** Starts the unread counts from a conversation list (`HeraldApi.conversations()`). */
@@ -174,11 +171,8 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.tokenNow = token;
     const urls = typeof this.o.url === "string" ? [this.o.url] : this.o.url;
     const url = urls[this.connections++ % urls.length];
-    const base = url.replace(/^http/, "ws").replace(/\/+$/, "");
-    const query = this.o.tokenIn === "query" ? `?access_token=${encodeURIComponent(token)}` : "";
-    const ws = this.o.offerSubprotocol
-      ? new this.o.WebSocket(`${base}/v1/ws${query}`, [SUBPROTOCOL])
-      : new this.o.WebSocket(`${base}/v1/ws${query}`);
+    const wsUrl = sessionUrl(url, this.o.tokenIn === "query" ? token : null, this.o.deliveryStatus ? ["delivered"] : []);
+    const ws = this.o.offerSubprotocol ? new this.o.WebSocket(wsUrl, [SUBPROTOCOL]) : new this.o.WebSocket(wsUrl);
     this.ws = ws;
     this.hints = {};
     this.lastHeard = Date.now();
@@ -329,18 +323,21 @@ export class HeraldClient extends Emitter<HeraldEvents> {
         return this.arrive(f, true);
       case "history":
         if (f.joined_seq !== undefined) this.timelines.startAfter(f.conv, f.joined_seq);
-        for (const m of f.items) this.arrive(m, false);
+        for (const m of f.items) {
+          this.statuses.fromHistory(m, this.me());
+          this.arrive(m, false);
+        }
         if (f.ref && this.syncs.delete(f.ref)) this.timelines.synced(f.conv, f.more, Date.now(), this.o.gapSyncAfterMs);
         return;
       case "sent": {
         const r: SendResult = { id: f.id, seq: f.seq, ts: f.ts, dup: f.dup };
         this.unreadCounts.message(f.conv, f.seq);
+        this.statuses.sent(f.conv, f.seq, f.id);
         // The server does not push a device its own messages: they take their place in
         // the timeline here, or the next message would wait for a sync to fill the gap.
         const e = this.outbox.entry(f.cmid);
         if (e && this.seen.add(f.id)) {
-          const from = (this.tokenNow && tokenUser(this.tokenNow)) ?? "";
-          this.timelines.arrive({ id: f.id, conv: f.conv, seq: f.seq, from, cmid: f.cmid, ts: f.ts, body: e.body });
+          this.timelines.arrive({ id: f.id, conv: f.conv, seq: f.seq, from: this.me(), cmid: f.cmid, ts: f.ts, body: e.body });
         }
         void this.outbox.committed(f.cmid, r).then((mine) => mine && this.emit("sent", { ...r, cmid: f.cmid, conv: f.conv }));
         return;
@@ -348,8 +345,11 @@ export class HeraldClient extends Emitter<HeraldEvents> {
       case "error":
         return this.onError(f);
       case "read":
-        if (this.tokenNow && f.user === tokenUser(this.tokenNow)) this.unreadCounts.readUpTo(f.conv, f.seq);
+        if (f.user === this.me()) this.unreadCounts.readUpTo(f.conv, f.seq);
+        else this.statuses.read(f.conv, f.user, f.seq);
         return this.emit("read", { conv: f.conv, user: f.user, seq: f.seq });
+      case "delivered":
+        return this.statuses.delivered(f.conv, f.seq, f.count);
       case "caught_up":
         this.caughtUp = true;
         return this.emit("caught_up", { delivered: f.delivered });
@@ -388,8 +388,12 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.timelines.arrive(m);
   }
 
+  /** The user of the session's token ("" before one is known). */
+  private me = (): string => (this.tokenNow && tokenUser(this.tokenNow)) ?? "";
+
   private show(m: WireMessage): void {
     this.unreadCounts.message(m.conv, m.seq);
+    if (m.from === this.me()) this.statuses.sent(m.conv, m.seq, m.id);
     const msg: Message = { ...m, ack: () => this.ack(m.id) };
     this.emit("message", msg);
   }

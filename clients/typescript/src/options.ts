@@ -4,6 +4,7 @@ import type { BackoffOptions } from "./backoff.js";
 import type { BrowserEnv } from "./browser.js";
 import type { OutboxStorage, SendResult } from "./outbox.js";
 import type { WireMessage } from "./protocol.js";
+import type { MessageStatus } from "./status.js";
 
 export type ConnectionState = "disconnected" | "connecting" | "connected" | "closed";
 
@@ -49,7 +50,21 @@ export interface HeraldOptions {
   browser?: BrowserEnv | null;
   /** Refresh the token in the session this long before its `exp` (default 60 000 ms). */
   refreshBeforeMs?: number;
+  /** Ask for `delivered` frames (the `status` event; default false: no ticks, no frames). */
+  deliveryStatus?: boolean;
 }
+
+/** The defaults of the options that have one. */
+export const DEFAULTS = {
+  autoAck: true,
+  tokenIn: "frame",
+  offerSubprotocol: true,
+  gapSyncAfterMs: 3_000,
+  sendTimeoutMs: 10_000,
+  dedupCapacity: 10_000,
+  refreshBeforeMs: 60_000,
+  deliveryStatus: false,
+} satisfies Partial<HeraldOptions>;
 
 /** A message shown to the app, in seq order per conversation. */
 export interface Message extends WireMessage {
@@ -74,6 +89,8 @@ export interface HeraldEvents {
   /** A conversation's unread count changed (see `seedUnread`). */
   unread: { conv: string; unread: number };
   sent: SendResult & { cmid: string; conv: string };
+  /** How far one of the user's own messages got changed (sent, delivered, read). */
+  status: MessageStatus;
   /** A server `error` not answered through a promise (acks, reads, refused refreshes, ...). */
   error: { code: string; message: string; ref?: string | null };
 }

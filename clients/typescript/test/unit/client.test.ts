@@ -308,3 +308,48 @@ describe("unread counts in a session", () => {
     expect(c.unread("c")).toBe(0);
   });
 });
+
+describe("delivery status", () => {
+  const payload = Buffer.from(JSON.stringify({ sub: "alice", exp: 4102444800 })).toString("base64url");
+
+  it("is asked for only with deliveryStatus, and follows sent, delivered and read frames", async () => {
+    const plain = await connected(client().c);
+    expect(plain.url).toBe("wss://chat.example.com/v1/ws");
+
+    const { c } = client({ token: () => `e30.${payload}.sig`, deliveryStatus: true, tokenIn: "query" });
+    const seen: string[] = [];
+    c.on("status", (s) => seen.push(`${s.seq}:${s.state}:${s.delivered}/${s.read}`));
+    const ws = await connected(c);
+    expect(ws.url).toBe(`wss://chat.example.com/v1/ws?access_token=${encodeURIComponent(`e30.${payload}.sig`)}&features=delivered`);
+    const p1 = c.send("ab", { text: "one" }, "cm-1");
+    const p2 = c.send("ab", { text: "two" }, "cm-2");
+    await vi.advanceTimersByTimeAsync(0);
+    ws.frame({ t: "sent", cmid: "cm-1", id: "7405329411723264001", conv: "ab", seq: 1, ts: 5, dup: false });
+    ws.frame({ t: "sent", cmid: "cm-2", id: "7405329411723264002", conv: "ab", seq: 2, ts: 5, dup: false });
+    await Promise.all([p1, p2]);
+    // Bob's device has the first: delivered ticks on 1, not on 2.
+    ws.frame({ t: "delivered", conv: "ab", seq: 1, count: 1, user: "bob" });
+    expect(c.statusOf("ab", 1)).toMatchObject({ state: "delivered", delivered: 1, read: 0, id: "7405329411723264001" });
+    expect(c.statusOf("ab", 2)?.state).toBe("sent");
+    // A frame for a later message counts for every earlier one; an older one never lowers.
+    ws.frame({ t: "delivered", conv: "ab", seq: 2, count: 1, user: "bob" });
+    ws.frame({ t: "delivered", conv: "ab", seq: 1, count: 0, user: "bob" });
+    ws.frame({ t: "read", conv: "ab", user: "bob", seq: 1 });
+    expect(c.statusOf("ab", 1)?.state).toBe("read");
+    expect(c.statusOf("ab", 2)?.state).toBe("delivered");
+    expect(seen).toEqual(["1:sent:0/0", "2:sent:0/0", "1:delivered:1/0", "2:delivered:1/0", "1:read:1/1"]);
+    expect(c.statusOf("ab", 9)).toBeUndefined();
+  });
+
+  it("takes the counts of the user's own messages from history pages", async () => {
+    const { c } = client({ token: () => `e30.${payload}.sig`, deliveryStatus: true });
+    const ws = await connected(c);
+    const mine = { ...msg(1, "g"), from: "alice", status: { of: 3, delivered: 2, read: 1 } };
+    const theirs = msg(2, "g");
+    ws.frame({ t: "history", conv: "g", items: [mine, theirs].map(({ t, ...m }) => m), more: false, ref: null });
+    expect(c.statusOf("g", 1)).toMatchObject({ state: "read", of: 3, delivered: 2, read: 1 });
+    expect(c.statusOf("g", 2)).toBeUndefined();
+    ws.frame({ t: "delivered", conv: "g", seq: 1, count: 3 });
+    expect(c.statusOf("g", 1)).toMatchObject({ delivered: 3, read: 1 });
+  });
+});
