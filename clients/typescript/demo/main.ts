@@ -1,6 +1,6 @@
 // The demo chat page: sign in as a user and device, a conversation list with unread
-// counts, each timeline in seq order, sends shown pending until sent, read receipts,
-// and a status line with the connection's state and reconnects. Everything Herald-
+// counts, each timeline in seq order, sends shown pending until sent, delivered ticks
+// and read receipts on the user's own messages, and a status line with the connection's state and reconnects. Everything Herald-
 // specific goes through @herald/client (imported from the package source).
 
 import { HeraldApi, HeraldClient, IndexedDbOutboxStorage, type Message, type WebSocketFactory, type WireMessage } from "../src/index.js";
@@ -15,6 +15,9 @@ interface Item {
   from: string;
   text: string;
   state: "pending" | "sent" | "shown" | "failed";
+  /** Own messages from a history page: how many recipients had it then, of how many. */
+  delivered?: number;
+  of?: number;
 }
 
 interface Conv {
@@ -26,6 +29,8 @@ interface Conv {
   reads: Map<string, number>;
   /** Listed (title known, latest page loaded). */
   listed: boolean;
+  /** Its member count, when known (a direct conversation has 2). */
+  members?: number;
 }
 
 const $ = <T extends HTMLElement>(sel: string) => document.querySelector(sel) as T;
@@ -114,6 +119,12 @@ function renderTimeline(): void {
       const meta = document.createElement("span");
       meta.className = "meta";
       let note = m.from === me ? (m.state === "pending" ? "sending…" : m.state === "failed" ? "not sent" : "✓ sent") : m.from;
+      const delivered = m.from === me && m.seq !== undefined ? Math.max(m.delivered ?? 0, client.statusOf(c.id, m.seq)?.delivered ?? 0) : 0;
+      if (delivered > 0) {
+        // Delivered ticks: a device of the recipient has it (in a group, how many have).
+        li.dataset.delivered = String(delivered);
+        note = m.of === 1 || c.members === 2 ? "✓✓ delivered" : `✓✓ delivered to ${delivered}${m.of ? ` of ${m.of}` : ""}`;
+      }
       if (m.from === me && m.seq !== undefined && m.seq <= seen) {
         const who = [...c.reads].filter(([, s]) => s >= m.seq!).map(([u]) => u);
         note = `✓✓ read by ${who.join(", ")}`;
@@ -148,7 +159,8 @@ function shown(m: WireMessage | Message): void {
   if (c.shown.some((i) => i.id === m.id)) return; // the client drops repeats; history may overlap
   const pending = c.pending.findIndex((i) => i.cmid === m.cmid);
   if (pending >= 0) c.pending.splice(pending, 1);
-  c.shown.push({ cmid: m.cmid, id: m.id, seq: m.seq, from: m.from, text: text(m.body), state: "shown" });
+  const st = "status" in m ? m.status : undefined;
+  c.shown.push({ cmid: m.cmid, id: m.id, seq: m.seq, from: m.from, text: text(m.body), state: "shown", delivered: st?.delivered, of: st?.of });
   if (m.conv === current) {
     renderTimeline();
     markRead();
@@ -177,6 +189,7 @@ async function signIn(user: string, device: string): Promise<void> {
     WebSocket: Socket as unknown as WebSocketFactory,
     outboxStorage: new IndexedDbOutboxStorage(`herald-demo-${user}-${device}`),
     backoff: { baseMs: 250, maxMs: 5_000 },
+    deliveryStatus: true,
   });
   client.on("state", ({ state }) => {
     if (state === "connected") {
@@ -197,6 +210,9 @@ async function signIn(user: string, device: string): Promise<void> {
     if (id === current) renderTimeline();
   });
   client.on("sent", () => status(client.state));
+  client.on("status", (s) => {
+    if (s.conv === current) renderTimeline();
+  });
 
   // The list and the latest page of each timeline, then the live connection: each
   // timeline goes on after what the page shows.
@@ -229,6 +245,7 @@ async function listConvs(): Promise<void> {
   for (const item of list.items.reverse()) {
     const c = conv(item.id);
     c.title = item.title || item.id;
+    if (item.kind === "direct") c.members = 2;
     if (c.listed) continue;
     c.listed = true;
     // Shown live already: the client fills the timeline from the start (joined_seq).

@@ -104,6 +104,8 @@ describe("the demo page", () => {
       expect(t.seqs).toEqual(range(n));
       expect(t.texts).toEqual(expected);
     }
+    // Bob's tab acked alice's messages: they show delivered ticks.
+    await alice.waitForSelector("#timeline li.own[data-delivered='1']", { timeout: 10_000 });
     // Bob has the conversation open, so alice sees her last message read.
     await alice.waitForSelector("#timeline li.own .meta:has-text('read by bob')", { timeout: 10_000 });
     // A conversation alice has not opened counts its messages as unread.
