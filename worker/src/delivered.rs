@@ -16,7 +16,9 @@ use herald_shared::db::TextColumns;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
 use herald_shared::protocol::{ConversationKind, DeliveredEntry, DeliveryStatus, NodeEnvelope, StatusPush};
 use sqlx::mysql::MySqlPool;
-use sqlx::Row;
+use sqlx::{MySql, QueryBuilder, Row};
+
+use crate::batch::push_pairs;
 
 /// A move covers at most this many messages below its new position for the senders it
 /// tells: a member back after a long absence does not make one batch read a long range
@@ -38,20 +40,25 @@ pub struct DeliveredPositions {
     pub keys: Keys,
 }
 
-/// The positions of one conversation that moved in a batch: from the lowest old one to
-/// the highest new one.
-#[derive(Debug, Default)]
-struct Moved {
-    from: u64,
-    to: u64,
-}
-
 /// A member's membership range and position (delivered or read, whichever is higher).
 struct Member {
     user: String,
     joined_seq: u64,
     left_seq: Option<u64>,
+    delivered_seq: u64,
     has: u64,
+}
+
+/// A conversation of the batch: its kind and members, and the range of positions the
+/// batch moved.
+#[derive(Default)]
+struct Conversation {
+    direct: bool,
+    members: Vec<Member>,
+    /// The lowest old and the highest new position that moved; `None`: nothing moved.
+    moved: Option<(u64, u64)>,
+    /// The members whose position moved, and to where.
+    movers: Vec<(String, u64)>,
 }
 
 /// How many members other than `sender` that received `seq` have it.
@@ -63,101 +70,132 @@ fn count(members: &[Member], sender: &str, seq: u64) -> u64 {
 }
 
 impl DeliveredPositions {
-    /// Moves the positions of `entries` forward in one transaction, then tells the
-    /// senders. Only a MySQL failure of the transaction is an error (retried by the
-    /// caller); a status that could not be pushed is counted and left to history.
+    /// Moves the positions of `entries` forward, then tells the senders: one read of
+    /// the conversations' members, one upsert of the positions that moved, and per
+    /// group one read of the senders the move covered. Only a MySQL failure of the
+    /// read or the upsert is an error (retried by the caller); a status that could not
+    /// be pushed is counted and left to history.
     pub async fn apply(&self, entries: &[DeliveredEntry]) -> Result<(), sqlx::Error> {
-        // One entry per member (the highest), locked in key order.
         let mut highest: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
         for e in entries {
             let seq = highest.entry((e.tenant.as_str(), e.conv.as_str(), e.user.as_str())).or_default();
             *seq = (*seq).max(e.seq);
         }
-        let mut moved: BTreeMap<(&str, &str), Moved> = BTreeMap::new();
-        let mut tx = self.db.begin().await?;
+        let mut convs = self.read_members(&highest).await?;
+        // Only this shard's consumer moves these positions, so what was read is current.
+        let mut moves: Vec<(&str, &str, &str, u64)> = Vec::new();
         for (&(tenant, conv, user), &seq) in &highest {
-            let old: Option<u64> = sqlx::query_scalar(
-                "SELECT delivered_seq FROM members WHERE tenant_id = ? AND conv_id = ? AND user_id = ? FOR UPDATE",
-            )
-            .bind(tenant)
-            .bind(conv)
-            .bind(user)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(old) = old.filter(|old| *old < seq) else { continue };
-            sqlx::query("UPDATE members SET delivered_seq = ? WHERE tenant_id = ? AND conv_id = ? AND user_id = ?")
-                .bind(seq)
-                .bind(tenant)
-                .bind(conv)
-                .bind(user)
-                .execute(&mut *tx)
-                .await?;
-            let m = moved.entry((tenant, conv)).or_insert(Moved { from: old, to: seq });
-            (m.from, m.to) = (m.from.min(old), m.to.max(seq));
+            let Some(c) = convs.get_mut(&(tenant.to_owned(), conv.to_owned())) else { continue };
+            let Some(m) = c.members.iter_mut().find(|m| m.user == user && m.delivered_seq < seq) else { continue };
+            let old = m.delivered_seq;
+            (m.delivered_seq, m.has) = (seq, m.has.max(seq));
+            c.moved = Some(c.moved.map_or((old, seq), |(from, to)| (from.min(old), to.max(seq))));
+            c.movers.push((user.to_owned(), seq));
+            moves.push((tenant, conv, user, seq));
         }
-        tx.commit().await?;
-        metrics::counter!("herald_delivered_positions_total").increment(moved.len() as u64);
-        for ((tenant, conv), m) in moved {
-            if let Err(e) = self.tell_senders(tenant, conv, &m).await {
-                metrics::counter!("herald_status_errors_total").increment(1);
-                tracing::warn!(error = %e, "delivery status could not be pushed");
-            }
+        if moves.is_empty() {
+            return Ok(());
+        }
+        // Every row exists (read above; members are never deleted), so nothing is
+        // inserted: one statement for the batch, rows in key order, only forward.
+        let mut q = QueryBuilder::<MySql>::new(
+            "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at, delivered_seq) ",
+        );
+        q.push_values(&moves, |mut row, (tenant, conv, user, seq)| {
+            row.push_bind(*tenant).push_bind(*conv).push_bind(*user);
+            row.push("0").push("0").push("0").push_bind(*seq);
+        });
+        q.push(" ON DUPLICATE KEY UPDATE delivered_seq = GREATEST(delivered_seq, VALUES(delivered_seq))");
+        q.build().persistent(false).execute(&self.db).await?;
+        metrics::counter!("herald_delivered_positions_total").increment(moves.len() as u64);
+        if let Err(e) = self.tell_senders(&convs).await {
+            metrics::counter!("herald_status_errors_total").increment(1);
+            tracing::warn!(error = %e, "delivery status could not be pushed");
         }
         Ok(())
     }
 
-    async fn tell_senders(&self, tenant: &str, conv: &str, m: &Moved) -> Result<(), StatusError> {
-        let from = m.from.max(m.to.saturating_sub(STATUS_WINDOW));
-        let senders = sqlx::query(
-            "SELECT sender_id, MAX(seq) FROM messages WHERE tenant_id = ? AND conv_id = ? AND seq > ? AND seq <= ? \
-             GROUP BY sender_id",
-        )
-        .bind(tenant)
-        .bind(conv)
-        .bind(from)
-        .bind(m.to)
-        .fetch_all(&self.db)
-        .await?;
-        if senders.is_empty() {
-            return Ok(());
+    /// The members of every conversation of the batch, with the conversation's kind.
+    async fn read_members(
+        &self,
+        highest: &BTreeMap<(&str, &str, &str), u64>,
+    ) -> Result<BTreeMap<(String, String), Conversation>, sqlx::Error> {
+        let mut pairs: Vec<(&str, &str)> = highest.keys().map(|(t, c, _)| (*t, *c)).collect();
+        pairs.dedup();
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, m.delivered_seq, m.read_seq, c.kind \
+             FROM members m JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conv_id WHERE ",
+        );
+        push_pairs(&mut q, "m.tenant_id", "m.conv_id", &pairs);
+        let rows = q.build().persistent(false).fetch_all(&self.db).await?;
+        let mut convs: BTreeMap<(String, String), Conversation> = BTreeMap::new();
+        for r in &rows {
+            let c = convs.entry((r.text(0)?, r.text(1)?)).or_default();
+            c.direct = ConversationKind::parse(&r.text(7)?) == Some(ConversationKind::Direct);
+            let (delivered_seq, read_seq): (u64, u64) = (r.try_get(5)?, r.try_get(6)?);
+            c.members.push(Member {
+                user: r.text(2)?,
+                joined_seq: r.try_get(3)?,
+                left_seq: r.try_get(4)?,
+                delivered_seq,
+                has: delivered_seq.max(read_seq),
+            });
         }
-        let kind = sqlx::query("SELECT kind FROM conversations WHERE tenant_id = ? AND id = ?")
+        Ok(convs)
+    }
+
+    /// Each sender of the messages a move covered, with its status.
+    async fn statuses<'a>(
+        &self,
+        convs: &'a BTreeMap<(String, String), Conversation>,
+    ) -> Result<Vec<(&'a str, String, DeliveryStatus)>, sqlx::Error> {
+        let mut statuses = Vec::new();
+        for ((tenant, conv), c) in convs {
+            let Some((from, to)) = c.moved else { continue };
+            if c.direct {
+                // A position moves on the other member's messages only: that member sent
+                // the message at the new position, and no query is needed to know it.
+                for (mover, seq) in &c.movers {
+                    let Some(sender) = c.members.iter().find(|m| &m.user != mover) else { continue };
+                    let count = count(&c.members, &sender.user, *seq);
+                    let status = DeliveryStatus { conv: conv.clone(), seq: *seq, count, user: Some(mover.clone()) };
+                    statuses.push((tenant.as_str(), sender.user.clone(), status));
+                }
+                continue;
+            }
+            let senders = sqlx::query(
+                "SELECT sender_id, MAX(seq) FROM messages WHERE tenant_id = ? AND conv_id = ? AND seq > ? AND seq <= ? \
+                 GROUP BY sender_id",
+            )
             .bind(tenant)
             .bind(conv)
-            .fetch_optional(&self.db)
-            .await?
-            .map(|r| r.text(0))
-            .transpose()?;
-        let direct = kind.as_deref().and_then(ConversationKind::parse) == Some(ConversationKind::Direct);
-        let rows = sqlx::query(
-            "SELECT user_id, joined_seq, left_seq, GREATEST(delivered_seq, read_seq) FROM members \
-             WHERE tenant_id = ? AND conv_id = ?",
-        )
-        .bind(tenant)
-        .bind(conv)
-        .fetch_all(&self.db)
-        .await?;
-        let members = rows
-            .iter()
-            .map(|r| {
-                Ok(Member { user: r.text(0)?, joined_seq: r.try_get(1)?, left_seq: r.try_get(2)?, has: r.try_get(3)? })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let mut statuses = Vec::with_capacity(senders.len());
-        for r in &senders {
-            let (sender, seq): (String, u64) = (r.text(0)?, r.try_get(1)?);
-            let other = members.iter().find(|m| m.user != sender).filter(|_| direct).map(|m| m.user.clone());
-            let count = count(&members, &sender, seq);
-            statuses.push((sender, DeliveryStatus { conv: conv.to_owned(), seq, count, user: other }));
+            .bind(from.max(to.saturating_sub(STATUS_WINDOW)))
+            .bind(to)
+            .fetch_all(&self.db)
+            .await?;
+            for r in &senders {
+                let (sender, seq): (String, u64) = (r.text(0)?, r.try_get(1)?);
+                let count = count(&c.members, &sender, seq);
+                statuses.push((tenant.as_str(), sender, DeliveryStatus { conv: conv.clone(), seq, count, user: None }));
+            }
+        }
+        Ok(statuses)
+    }
+
+    /// One push per sender to the nodes holding its devices.
+    async fn tell_senders(&self, convs: &BTreeMap<(String, String), Conversation>) -> Result<(), StatusError> {
+        let statuses = self.statuses(convs).await?;
+        if statuses.is_empty() {
+            return Ok(());
         }
         // Where each sender's devices are connected: one read of its presence.
         let pipe = self.redis.next().pipeline();
-        for (sender, _) in &statuses {
+        for (tenant, sender, _) in &statuses {
             let _: () = pipe.hgetall(self.keys.presence(tenant, sender)).await?;
         }
         let presences: Vec<HashMap<String, String>> = pipe.all().await?;
         let mut by_node: BTreeMap<String, NodeEnvelope> = BTreeMap::new();
-        for ((sender, status), presence) in statuses.into_iter().zip(presences) {
+        for ((tenant, sender, status), presence) in statuses.into_iter().zip(presences) {
             for (device, value) in presence {
                 let Some(PresenceValue { node, .. }) = PresenceValue::parse(&value) else { continue };
                 let env = by_node.entry(node).or_default();
@@ -184,7 +222,13 @@ mod tests {
 
     #[test]
     fn a_sender_counts_the_other_members_that_received_its_message_and_have_it() {
-        let m = |user: &str, joined, left, has| Member { user: user.into(), joined_seq: joined, left_seq: left, has };
+        let m = |user: &str, joined, left, has| Member {
+            user: user.into(),
+            joined_seq: joined,
+            left_seq: left,
+            delivered_seq: has,
+            has,
+        };
         let members = [m("alice", 0, None, 9), m("bob", 0, None, 4), m("carol", 4, None, 9), m("dave", 0, Some(3), 9)];
         assert_eq!(count(&members, "alice", 4), 1, "bob; carol joined at 4, dave left at 3");
         assert_eq!(count(&members, "alice", 3), 2, "bob and dave");
