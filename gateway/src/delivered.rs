@@ -17,8 +17,12 @@ use herald_shared::protocol::DeliveredEntry;
 use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
 
-/// How long reports gather before they are written: acks of a burst move a position once.
-const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// How long reports gather before they are written: acks of a burst move a position
+/// once, and each ingress shard gets one batch of positions per flush, which a worker
+/// writes with one statement (one commit). At 100 ms those commits cost the server a
+/// third more CPU per message at 500 msg/s (docs/benchmarks.md, "Delivery status"); a
+/// status is shown at most once a second anyway (`delivery.status_interval_ms`).
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
 
 /// Sized for a flush period's reports of many sessions; a full queue drops the report
 /// (the position moves with the user's next ack, and history still counts the read).
