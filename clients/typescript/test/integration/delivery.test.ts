@@ -55,6 +55,21 @@ describe("against a real Herald", () => {
     for (const d of [...devices, sender]) d.client.close();
   });
 
+  it("shows the sender its message delivered once the recipient's device has it", async () => {
+    const conv = "dm-ticks";
+    await herald.api("alice", "POST", "/v1/conversations", { id: conv, kind: "direct", members: ["alice", "bob"] });
+    const gws = herald.gateways.map((g) => g.base);
+    const alice = device("alice", "web", gws, { deliveryStatus: true });
+    await eventually(10_000, "alice connected", () => alice.client.state === "connected");
+    const sent = await alice.client.send(conv, { text: "are you there?" });
+    expect(alice.client.statusOf(conv, sent.seq)?.state).toBe("sent");
+    const bob = device("bob", "web", [...gws].reverse());
+    await eventually(15_000, "alice sees it delivered", () => alice.client.statusOf(conv, sent.seq)?.state === "delivered");
+    bob.client.read(conv, sent.seq);
+    await eventually(15_000, "alice sees it read", () => alice.client.statusOf(conv, sent.seq)?.state === "read");
+    for (const d of [alice, bob]) d.client.close();
+  });
+
   it("a device whose gateway is SIGKILLed reconnects to the other and misses nothing", async () => {
     const conv = "room-kill";
     await herald.api("alice", "POST", "/v1/conversations", { id: conv, kind: "group", members: ["alice", "bob"] });
