@@ -17,6 +17,7 @@ use axum::response::Response;
 use futures::FutureExt;
 use herald_shared::auth::{verify, Claims};
 use herald_shared::error::ErrorCode;
+use herald_shared::ids::MsgId;
 use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame, SUBPROTOCOL};
 use tracing::Instrument;
 
@@ -83,12 +84,12 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
         return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, socket)));
     };
     let admitted = match verify(&token, state.cfg.jwt_secret.0.as_bytes()) {
-        Ok(claims) => admit(&state, ip, &claims).await.map(|permit| (claims, permit)),
+        Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
         Err(e) => Err(Refusal::unauthorized(e.to_string())),
     };
     match admitted {
-        Ok((claims, permit)) => {
-            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, permit, socket)))
+        Ok((claims, admitted)) => {
+            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, admitted, socket)))
         }
         Err(refusal) => ws.on_upgrade(move |socket| tracker.track_future(refusal.tell(socket))),
     }
@@ -104,11 +105,11 @@ async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, mut socket
         Err(_) => Err("missing token: no auth frame in time".into()),
     };
     let admitted = match claims {
-        Ok(claims) => admit(&state, ip, &claims).await.map(|permit| (claims, permit)),
+        Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
         Err(reason) => Err(Refusal::unauthorized(reason)),
     };
     match admitted {
-        Ok((claims, permit)) => serve(state, ip, claims, permit, socket).await,
+        Ok((claims, admitted)) => serve(state, ip, claims, admitted, socket).await,
         Err(refusal) => refusal.tell(socket).await,
     }
 }
@@ -130,9 +131,16 @@ async fn first_frame_token(socket: &mut WebSocket) -> Result<String, String> {
     }
 }
 
+/// What admission gives a session: its connection slot, and its device's watermark when
+/// the registration read or wrote it (the session's start needs no second read).
+struct Admitted {
+    permit: ConnectionPermit,
+    watermark: Option<MsgId>,
+}
+
 /// The checks after a valid token: the node's admission budget (a login storm), the
 /// user's and the address's connection limits, the device's registration.
-async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<ConnectionPermit, Refusal> {
+async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<Admitted, Refusal> {
     if let Err(wait) = crate::limits::take(&state.limits.admission, 1) {
         // A login storm: refuse politely, with a jittered hint, so retries spread out.
         metrics::counter!("herald_rate_limited_total", "what" => "connect").increment(1);
@@ -156,7 +164,7 @@ async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<
         }
     };
     match state.devices.register(claims).await {
-        Ok(()) => Ok(permit),
+        Ok(watermark) => Ok(Admitted { permit, watermark }),
         Err(e) => Err(Refusal { error: None, code: CloseCode::InternalError, reason: e.message }),
     }
 }
@@ -168,13 +176,14 @@ fn serve(
     state: AppState,
     ip: Option<IpAddr>,
     claims: Claims,
-    permit: ConnectionPermit,
+    admitted: Admitted,
     socket: WebSocket,
 ) -> impl Future<Output = ()> {
+    let Admitted { permit, watermark } = admitted;
     // The client's address in every line the session logs.
     let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
     // The slot is held for the whole session and given back when it ends.
-    Session::run(state.sessions.clone(), claims, socket).instrument(span).map(move |()| drop(permit))
+    Session::run(state.sessions.clone(), claims, watermark, socket).instrument(span).map(move |()| drop(permit))
 }
 
 pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {

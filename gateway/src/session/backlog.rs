@@ -80,6 +80,11 @@ impl BacklogPager {
         self.done = false;
     }
 
+    /// Most messages a page holds.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
     #[cfg(test)]
     pub fn cursor(&self) -> Cursor {
         self.cursor

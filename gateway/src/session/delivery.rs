@@ -115,7 +115,10 @@ where
             band = band.moved_to(low);
             self.backlog.band_advanced(low);
         }
-        let page = self.env.history.band(&self.device, after, band.high, want as u32).await?;
+        let page = match self.take_first_band_page(after, band.high, want) {
+            Some(page) => page,
+            None => self.env.history.band(&self.device, after, band.high, want as u32).await?,
+        };
         let ids: Vec<MsgId> = page.iter().map(|m| m.id).collect();
         self.backlog.band_read(&ids);
         if page.is_empty() {
