@@ -1,12 +1,13 @@
 //! A first-login storm: never-seen devices connecting at once are registered in batches
 //! and queue for MySQL instead of taking every pool connection, so none fails while
 //! MySQL is slow, and each still gets what was committed in the minute before it
-//! registered.
+//! registered; and a session with nothing waiting takes none of the node's backlog
+//! budget.
 
 use std::time::Duration;
 
 use herald_client::WsClient;
-use herald_shared::protocol::{Hello, Message};
+use herald_shared::protocol::{CaughtUp, Hello, Message};
 use herald_tests::drill::metric;
 use herald_tests::Cluster;
 use serde_json::json;
@@ -74,3 +75,34 @@ async fn a_first_login_storm_waits_for_a_slow_mysql_in_batches_and_every_session
     assert_eq!(rows, (USERS * DEVICES_PER_USER) as i64, "every device has its row");
 }
 
+/// The node's backlog budget pays for messages pushed, not for pages read: 60 devices
+/// with nothing waiting start under a budget of 100 messages/s. Before, each start took
+/// a desktop page (200) for its band and another for its pending set, whatever they
+/// held: at 100/s, a session every 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_with_nothing_waiting_take_none_of_the_backlog_budget() {
+    let mut c = Cluster::new("emptybudget");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[
+        ("HERALD_GATEWAY__BACKLOG_RATE_NODE", "100"),
+        ("HERALD_GATEWAY__BACKLOG_RATE_NODE_FLOOR", "100"),
+        ("HERALD_GATEWAY__ADMISSION_RATE", "20000"),
+        ("HERALD_GATEWAY__ADMISSION_BURST", "20000"),
+    ])
+    .await;
+    let base = c.gateways[0].base_url();
+    let sessions: Vec<_> = (0..60)
+        .map(|k| {
+            let (base, token) = (base.clone(), c.token(&format!("e{k}"), "d"));
+            tokio::spawn(async move {
+                let mut ws = WsClient::connect(&base, &token).await.map_err(|e| format!("e{k}: {e}"))?;
+                ws.next_of::<Hello>(Duration::from_secs(20)).await.ok_or(format!("e{k}: no hello"))?;
+                ws.next_of::<CaughtUp>(Duration::from_secs(20)).await.ok_or(format!("e{k}: not caught up in 20 s"))?;
+                Ok::<_, String>(ws)
+            })
+        })
+        .collect();
+    for s in sessions {
+        s.await.unwrap().unwrap();
+    }
+}

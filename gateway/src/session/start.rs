@@ -49,6 +49,7 @@ where
             pending = pending.max(self.count_band(band).await? + above);
         }
         metrics::histogram!("herald_pending_at_connect").record(pending as f64);
+        self.backlog.expect(pending);
         let hello = Hello { session: self.id.clone(), hb_ms: self.env.cfg.gateway.heartbeat_ms, pending };
         self.send_frame(hello).await;
         self.send_stored_reads().await
