@@ -4,7 +4,7 @@ use axum::response::{IntoResponse, Response};
 use herald_shared::error::ErrorCode;
 use herald_shared::ops::error_response;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,

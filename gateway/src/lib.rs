@@ -149,6 +149,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             redis: redis.clone(),
             keys: keys.clone(),
             watermark_margin_ms: g.watermark_margin_ms,
+            start_reads: Arc::new(tokio::sync::Semaphore::new(g.start_db_reads as usize)),
         },
         marks,
         leftover_acks,
@@ -175,6 +176,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         session_tasks: TaskTracker::new(),
     }));
 
+    let registry = state.devices.clone();
+    process.spawn_supervised("device_registrar", Criticality::Critical, move |c| registry.clone().run(c));
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
     process.spawn_supervised("ack_retrier", Criticality::Background, move |c| ack_retrier.clone().run(c));
     let delivered_flusher = delivered_flusher.clone();

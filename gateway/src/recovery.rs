@@ -13,12 +13,15 @@
 //! oldest pending id and the band's low end, and at least `watermark_margin_ms` behind
 //! now, so a band can only add repeats (which clients drop by id), never lose.
 
+use std::sync::Arc;
+
 use fred::interfaces::HashesInterface;
 use fred::prelude::*;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::keys::{epoch_marker, DeviceKey, Keys};
 use herald_shared::scripts;
 use sqlx::mysql::MySqlPool;
+use tokio::sync::Semaphore;
 
 /// Why a pending set could not be made complete.
 #[derive(Debug, thiserror::Error)]
@@ -67,27 +70,43 @@ pub struct Recovery {
     pub keys: Keys,
     /// How far a watermark trails now.
     pub watermark_margin_ms: u64,
+    /// Permits for a session start's MySQL reads (`gateway.start_db_reads`): its
+    /// watermark here, its band's first page in the session's start.
+    pub start_reads: Arc<Semaphore>,
 }
 
 impl Recovery {
     /// Makes the device's pending set trusted in `epoch`: when it was not (Redis lost its
     /// data, or the device is new to this Redis), everything above its watermark goes
-    /// into its overflow band, to be read from MySQL. Returns whether it had to.
-    pub async fn ensure_pending(&self, d: &DeviceKey, epoch: &str) -> Result<bool, RecoveryError> {
+    /// into its overflow band, to be read from MySQL. The watermark is `known` when the
+    /// device's registration just read or wrote it, else read. Returns whether it had to.
+    pub async fn ensure_pending(
+        &self,
+        d: &DeviceKey,
+        epoch: &str,
+        known: Option<MsgId>,
+    ) -> Result<bool, RecoveryError> {
         let redis = self.redis.next();
         let devs = self.keys.devices(&d.tenant, &d.user);
         let trusted: Option<String> = redis.hget(&devs, epoch_marker(&d.device)).await?;
         if trusted.as_deref() == Some(epoch) {
             return Ok(false);
         }
-        let watermark: u64 =
-            sqlx::query_scalar("SELECT watermark FROM devices WHERE tenant_id = ? AND user_id = ? AND device_id = ?")
+        let watermark = match known {
+            Some(w) => w.0,
+            None => {
+                let _turn = self.start_reads.acquire().await.expect("never closed");
+                sqlx::query_scalar(
+                    "SELECT watermark FROM devices WHERE tenant_id = ? AND user_id = ? AND device_id = ?",
+                )
                 .bind(&d.tenant)
                 .bind(&d.user)
                 .bind(&d.device)
                 .fetch_optional(&self.db)
                 .await?
-                .ok_or(RecoveryError::Unregistered)?;
+                .ok_or(RecoveryError::Unregistered)?
+            }
+        };
         // Messages committed from now on are fanned out into the set itself.
         let (low, high) = (MsgId(watermark + 1), MsgId::lowest_at(now_ms()));
         let band: String = scripts::OVERFLOW_WIDEN

@@ -106,6 +106,10 @@ pub const METRICS: &[Metric] = &[
     ),
     // Gateway: devices, recovery, watermarks.
     counter("herald_devices_returned_total", "Expired devices that came back and were registered again."),
+    histogram(
+        "herald_device_registration_batch",
+        "Devices registered by one batch (one SELECT, at most one UPDATE and one INSERT).",
+    ),
     counter("herald_redis_epochs_total", "New Redis epochs started by this gateway (Redis lost its data or is new)."),
     counter("herald_pending_rebuilds_total", "Pending sets rebuilt from MySQL after a Redis data loss."),
     counter("herald_watermark_flushes_total", "Batches of device watermarks written to MySQL."),

@@ -49,6 +49,7 @@ pub fn init_metrics() -> PrometheusHandle {
         ])
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full("herald_worker_batch_size".into()), &counts))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full("herald_pending_at_connect".into()), &counts))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full("herald_device_registration_batch".into()), &counts))
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full("herald_worker_group_batches".into()), &counts))
         .expect("static buckets are valid")
         .build_recorder();

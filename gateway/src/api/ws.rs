@@ -17,6 +17,7 @@ use axum::response::Response;
 use futures::FutureExt;
 use herald_shared::auth::{verify, Claims};
 use herald_shared::error::ErrorCode;
+use herald_shared::ids::MsgId;
 use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame, SUBPROTOCOL};
 use tracing::Instrument;
 
@@ -84,12 +85,12 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
         return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, status, socket)));
     };
     let admitted = match verify(&token, state.cfg.jwt_secret.0.as_bytes()) {
-        Ok(claims) => admit(&state, ip, &claims).await.map(|permit| (claims, permit)),
+        Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
         Err(e) => Err(Refusal::unauthorized(e.to_string())),
     };
     match admitted {
-        Ok((claims, permit)) => {
-            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, permit, status, socket)))
+        Ok((claims, admitted)) => {
+            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, admitted, status, socket)))
         }
         Err(refusal) => ws.on_upgrade(move |socket| tracker.track_future(refusal.tell(socket))),
     }
@@ -105,11 +106,11 @@ async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, status: bo
         Err(_) => Err("missing token: no auth frame in time".into()),
     };
     let admitted = match claims {
-        Ok(claims) => admit(&state, ip, &claims).await.map(|permit| (claims, permit)),
+        Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
         Err(reason) => Err(Refusal::unauthorized(reason)),
     };
     match admitted {
-        Ok((claims, permit)) => serve(state, ip, claims, permit, status, socket).await,
+        Ok((claims, admitted)) => serve(state, ip, claims, admitted, status, socket).await,
         Err(refusal) => refusal.tell(socket).await,
     }
 }
@@ -131,9 +132,16 @@ async fn first_frame_token(socket: &mut WebSocket) -> Result<String, String> {
     }
 }
 
+/// What admission gives a session: its connection slot, and its device's watermark when
+/// the registration read or wrote it (the session's start needs no second read).
+struct Admitted {
+    permit: ConnectionPermit,
+    watermark: Option<MsgId>,
+}
+
 /// The checks after a valid token: the node's admission budget (a login storm), the
 /// user's and the address's connection limits, the device's registration.
-async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<ConnectionPermit, Refusal> {
+async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<Admitted, Refusal> {
     if let Err(wait) = crate::limits::take(&state.limits.admission, 1) {
         // A login storm: refuse politely, with a jittered hint, so retries spread out.
         metrics::counter!("herald_rate_limited_total", "what" => "connect").increment(1);
@@ -157,7 +165,7 @@ async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<
         }
     };
     match state.devices.register(claims).await {
-        Ok(()) => Ok(permit),
+        Ok(watermark) => Ok(Admitted { permit, watermark }),
         Err(e) => Err(Refusal { error: None, code: CloseCode::InternalError, reason: e.message }),
     }
 }
@@ -169,14 +177,17 @@ fn serve(
     state: AppState,
     ip: Option<IpAddr>,
     claims: Claims,
-    permit: ConnectionPermit,
+    admitted: Admitted,
     delivery_status: bool,
     socket: WebSocket,
 ) -> impl Future<Output = ()> {
+    let Admitted { permit, watermark } = admitted;
     // The client's address in every line the session logs.
     let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
     // The slot is held for the whole session and given back when it ends.
-    Session::run(state.sessions.clone(), claims, socket, delivery_status).instrument(span).map(move |()| drop(permit))
+    Session::run(state.sessions.clone(), claims, watermark, socket, delivery_status)
+        .instrument(span)
+        .map(move |()| drop(permit))
 }
 
 /// Whether the upgrade's query opts in to `delivered` frames: `features=delivered`

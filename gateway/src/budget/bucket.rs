@@ -73,6 +73,21 @@ impl BacklogBudget {
         self.taken.swap(0, Ordering::Relaxed)
     }
 
+    /// Settles a reservation of `reserved` tokens of which `used` were used: what was
+    /// not is given back (up to what the bucket holds), more is taken, into debt if need
+    /// be (the next takes wait until it is paid off).
+    pub fn settle(&self, reserved: usize, used: usize) {
+        if reserved == used {
+            return;
+        }
+        let mut b = self.bucket.lock().expect("backlog budget");
+        b.refill(Instant::now());
+        b.tokens = (b.tokens + reserved as f64 - used as f64).min(b.burst);
+        let _ = self.taken.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+            Some((t + used as u64).saturating_sub(reserved as u64))
+        });
+    }
+
     /// Takes `n` tokens now, or says how long until they would be there (taking none).
     /// More than the bucket ever holds is let through rather than stalled forever.
     pub fn take(&self, n: usize) -> Result<(), Duration> {
@@ -119,5 +134,17 @@ mod tests {
         b.set_rate(1_000);
         tokio::time::advance(Duration::from_millis(5)).await;
         assert_eq!(b.take(5), Ok(()), "five tokens in 5 ms at the new rate");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reservation_settles_for_what_was_used() {
+        let b = BacklogBudget::new(1_000, 50);
+        assert_eq!(b.take(150), Ok(()));
+        b.settle(150, 10);
+        assert_eq!(b.taken(), 10, "only what was used counts as taken");
+        assert_eq!(b.take(140), Ok(()), "the tokens not used are there again");
+        b.settle(0, 20);
+        assert_eq!(b.taken(), 160, "more than reserved is taken too");
+        assert_eq!(b.take(1), Err(Duration::from_millis(21)), "in debt: 20 to pay off, then 1");
     }
 }

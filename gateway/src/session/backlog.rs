@@ -47,13 +47,19 @@ pub struct BacklogPager {
     cursor: Cursor,
     /// Ids of the current page not yet acked.
     outstanding: HashSet<MsgId>,
-    /// `caught_up` was sent for this reading.
-    done: bool,
+    /// `caught_up` was sent for this reading: nothing older is still on its way.
+    pub(super) done: bool,
     /// Backlog messages acked in this session (across readings).
     delivered: u64,
     page_size: usize,
     /// Pacing: no page before then (realtime keeps flowing meanwhile).
     resume: Option<Instant>,
+    /// Messages pushed and not yet paid for to the device's bucket: a page is paid for
+    /// before the next read, so a read that finds nothing costs the device nothing.
+    owed: u32,
+    /// Messages still waiting, as far as the session knows (from `hello.pending`, less
+    /// what was pushed since); unknown once the set must be read again.
+    expected: Option<u32>,
 }
 
 impl BacklogPager {
@@ -67,7 +73,30 @@ impl BacklogPager {
             delivered: 0,
             page_size: page_size.max(1),
             resume: None,
+            owed: 0,
+            expected: None,
         }
+    }
+
+    /// Backlog messages pushed since the device's bucket was last paid.
+    pub fn owed(&self) -> u32 {
+        self.owed
+    }
+
+    /// The device's bucket was paid.
+    pub fn paid(&mut self) {
+        self.owed = 0;
+    }
+
+    /// `n` messages wait, as the session's start counted them.
+    pub fn expect(&mut self, n: u64) {
+        self.expected = Some(n.min(u64::from(u32::MAX)) as u32);
+    }
+
+    /// What a read of up to `want` messages reserves from the node's budget: what is
+    /// expected to wait, or the whole page when that is unknown.
+    pub fn reservation(&self, want: usize) -> usize {
+        self.expected.map_or(want, |e| want.min(e as usize))
     }
 
     /// Reads everything again from the start; what was delivered stays counted.
@@ -78,6 +107,12 @@ impl BacklogPager {
         // Released, not cleared: a page's set is the size of a page.
         self.outstanding = HashSet::new();
         self.done = false;
+        self.expected = None;
+    }
+
+    /// Most messages a page holds.
+    pub fn page_size(&self) -> usize {
+        self.page_size
     }
 
     #[cfg(test)]
@@ -178,6 +213,8 @@ impl BacklogPager {
     /// An id of the page was pushed; its ack is awaited before the next page.
     pub fn pushed(&mut self, id: MsgId) {
         self.outstanding.insert(id);
+        self.owed = self.owed.saturating_add(1);
+        self.expected = self.expected.map(|e| e.saturating_sub(1));
     }
 
     pub fn is_outstanding(&self, id: MsgId) -> bool {
@@ -204,11 +241,6 @@ impl BacklogPager {
             && self.cursor == Cursor::End
             && !self.check_band
             && self.band.is_none()
-    }
-
-    /// `caught_up` was sent for this reading: nothing older is still on its way.
-    pub fn is_done(&self) -> bool {
-        self.done
     }
 
     /// Marks the backlog delivered; what `caught_up` reports.
@@ -334,5 +366,33 @@ mod tests {
         p.read(&[]);
         p.band_checked(None);
         assert_eq!(p.finish(), 1, "what was delivered before the restart stays counted");
+    }
+
+    #[test]
+    fn pushed_messages_are_owed_until_paid() {
+        let mut p = BacklogPager::new(10);
+        assert_eq!(p.owed(), 0, "nothing pushed, nothing owed");
+        p.pushed(MsgId(1));
+        p.pushed(MsgId(2));
+        assert_eq!(p.owed(), 2);
+        p.paid();
+        p.pushed(MsgId(3));
+        assert_eq!(p.owed(), 1, "only what was pushed since");
+    }
+
+    #[test]
+    fn a_read_reserves_what_is_expected_or_a_page() {
+        let mut p = BacklogPager::new(10);
+        assert_eq!(p.reservation(10), 10, "unknown: a page");
+        p.expect(3);
+        assert_eq!(p.reservation(10), 3);
+        p.pushed(MsgId(1));
+        assert_eq!(p.reservation(10), 2, "less what was pushed");
+        p.pushed(MsgId(2));
+        p.pushed(MsgId(3));
+        p.pushed(MsgId(4));
+        assert_eq!(p.reservation(10), 0, "nothing more expected");
+        p.restart();
+        assert_eq!(p.reservation(10), 10, "a read again from the start: unknown");
     }
 }

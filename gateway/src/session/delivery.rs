@@ -2,6 +2,7 @@
 //! only way an id leaves the pending set.
 
 use std::ops::ControlFlow;
+use std::time::Duration;
 
 use axum::extract::ws::{Message, Utf8Bytes};
 use fred::interfaces::SortedSetsInterface;
@@ -59,17 +60,18 @@ where
         let Some(request) = self.backlog.next_request(now, self.inflight.room()) else {
             return ControlFlow::Continue(false);
         };
-        if let PageRequest::Band { want, .. } | PageRequest::Set { want, .. } = &request {
-            // Pace: the device's bucket, then the node's (a login storm must not starve it).
-            let wait = crate::limits::take(&self.backlog_bucket, *want)
-                .err()
-                .or_else(|| self.env.limits.backlog.take(*want).err());
-            if let Some(wait) = wait {
+        let want = match &request {
+            PageRequest::Band { want, .. } | PageRequest::Set { want, .. } => Some(*want),
+            PageRequest::CheckBand => None,
+        };
+        let reserved = match want.map(|want| self.pay_for_backlog(want)).transpose() {
+            Ok(reserved) => reserved,
+            Err(wait) => {
                 metrics::counter!("herald_backlog_throttled_total").increment(1);
                 self.backlog.pace_until(now + wait);
                 return ControlFlow::Continue(false);
             }
-        }
+        };
         // Boxed: this runs on every turn of the loop, whose resting state must stay small.
         let read = match request {
             PageRequest::CheckBand => Box::pin(self.check_band()).await,
@@ -78,6 +80,10 @@ where
             }
             PageRequest::Set { after, want } => Box::pin(self.read_page(after, want)).await,
         };
+        if let Some(reserved) = reserved {
+            // The node's budget is charged what the read pushed.
+            self.env.limits.backlog.settle(reserved, self.backlog.owed() as usize);
+        }
         match read {
             Ok(()) => ControlFlow::Continue(true),
             Err(e) => {
@@ -85,6 +91,25 @@ where
                 ControlFlow::Break(End::Close(CloseCode::InternalError, "dependency unavailable"))
             }
         }
+    }
+
+    /// Pace, before a read of up to `want` messages: the device's bucket is paid for
+    /// what the last pages pushed, then what the read is expected to push (a page when
+    /// unknown) is reserved from the node's budget, so a storm's reads wait their turn;
+    /// the read settles for what it pushed. A session with nothing waiting reserves
+    /// nothing: a login storm of such sessions takes none of the node's budget. The
+    /// reservation, or the wait when a bucket cannot pay yet.
+    fn pay_for_backlog(&mut self, want: usize) -> Result<usize, Duration> {
+        let owed = self.backlog.owed();
+        if owed > 0 {
+            crate::limits::take(&self.backlog_bucket, owed as usize)?;
+            self.backlog.paid();
+        }
+        let reserved = self.backlog.reservation(want);
+        if reserved > 0 {
+            self.env.limits.backlog.take(reserved)?;
+        }
+        Ok(reserved)
     }
 
     async fn check_band(&mut self) -> Result<(), SessionError> {
@@ -115,7 +140,10 @@ where
             band = band.moved_to(low);
             self.backlog.band_advanced(low);
         }
-        let page = self.env.history.band(&self.device, after, band.high, want as u32).await?;
+        let page = match self.take_first_band_page(after, band.high, want) {
+            Some(page) => page,
+            None => self.env.history.band(&self.device, after, band.high, want as u32).await?,
+        };
         let ids: Vec<MsgId> = page.iter().map(|m| m.id).collect();
         self.backlog.band_read(&ids);
         if page.is_empty() {

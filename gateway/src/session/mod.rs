@@ -29,6 +29,7 @@ mod inflight;
 mod presence;
 mod reads;
 mod requests;
+mod start;
 mod status;
 mod token;
 mod upkeep;
@@ -42,14 +43,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{Message, Utf8Bytes};
-use fred::interfaces::{HashesInterface, SortedSetsInterface};
 use fred::prelude::Pool;
 use futures::{Sink, SinkExt, Stream, StreamExt};
 use governor::DefaultDirectRateLimiter;
 use herald_shared::auth::Claims;
 use herald_shared::config::Config;
+use herald_shared::ids::MsgId;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
-use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, Hello, ServerFrame};
+use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -70,9 +71,6 @@ use inflight::{AckBatch, Heartbeat, Inflight};
 use presence::Presence;
 use requests::Strikes;
 use status::{DeliveredMarks, StatusThrottle};
-
-/// `hello.pending` counts an overflow band's messages up to this many.
-const BAND_COUNT_MAX: u32 = 100_000;
 
 /// What every session of this node is given.
 #[derive(Clone, Debug)]
@@ -157,6 +155,11 @@ pub struct Session<S> {
     expires: Instant,
     /// When the upkeep last ran (see `upkeep`).
     last_upkeep: Instant,
+    /// The device's watermark as its registration found it, until the start uses it.
+    registered_watermark: Option<MsgId>,
+    /// The overflow band's first page, read by the start with its count, until the
+    /// pager asks for it.
+    first_band_page: Option<Box<start::FirstPage>>,
 }
 
 impl<S, E> Session<S>
@@ -166,11 +169,19 @@ where
     /// Serves one device's session until it ends. Not an `async fn`: its arguments
     /// would stay in the session's future, a second copy beside the session they
     /// moved into.
+    /// `watermark`: the device's, when its registration read or wrote it;
     /// `delivery_status`: the device opted in to `delivered` frames.
-    pub fn run(env: Arc<SessionEnv>, claims: Claims, socket: S, delivery_status: bool) -> impl Future<Output = ()> {
+    pub fn run(
+        env: Arc<SessionEnv>,
+        claims: Claims,
+        watermark: Option<MsgId>,
+        socket: S,
+        delivery_status: bool,
+    ) -> impl Future<Output = ()> {
         let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
         let mut session = Session::new(env, claims, id, socket);
+        session.registered_watermark = watermark;
         if delivery_status {
             let interval = Duration::from_millis(session.env.cfg.delivery.status_interval_ms);
             session.status = Some(Box::new(StatusThrottle::new(interval)));
@@ -214,6 +225,8 @@ where
             stalled: false,
             expires: token::expiry(claims.exp),
             last_upkeep: now,
+            registered_watermark: None,
+            first_band_page: None,
             env,
             claims,
             device,
@@ -237,30 +250,6 @@ where
             }
         };
         Box::pin(self.finish(end, &directory)).await
-    }
-
-    /// Presence (replacing a session elsewhere), a complete pending set, `hello`, and
-    /// the read positions waiting for the device.
-    async fn start(&mut self) -> Result<(), SessionError> {
-        let redis = self.env.redis.next().clone();
-        self.presence.claim(&redis, &self.env.keys).await?;
-        // The device registry in Redis (MySQL's devices table stays the truth).
-        let devices = self.env.keys.devices(&self.device.tenant, &self.device.user);
-        let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
-        self.epoch = EpochSeen::new(&self.env.epoch);
-        self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch).await?;
-        // With a band: its messages (the set may hold some of them too) and the set's
-        // above it, or the set's size if that is more.
-        let mut pending: u64 = redis.zcard(&self.pending_key).await?;
-        if let Some(band) = self.env.recovery.band(&self.device).await? {
-            let above: u64 = redis.zcount(&self.pending_key, band.high.score().next_up(), f64::INFINITY).await?;
-            let in_band = self.env.history.band_count(&self.device, band.low, band.high, BAND_COUNT_MAX).await?;
-            pending = pending.max(in_band + above);
-        }
-        metrics::histogram!("herald_pending_at_connect").record(pending as f64);
-        let hello = Hello { session: self.id.clone(), hb_ms: self.env.cfg.gateway.heartbeat_ms, pending };
-        self.send_frame(hello).await;
-        self.send_stored_reads().await
     }
 
     async fn event_loop(&mut self, mailbox: &Mailbox) -> End {

@@ -132,7 +132,7 @@ where
     /// Reports the delivered positions noted, once the backlog is caught up: before
     /// that, an ack of a realtime message could claim older ones still on their way.
     pub(super) fn report_delivered(&mut self) {
-        if self.delivered.is_empty() || !self.backlog.is_done() {
+        if self.delivered.is_empty() || !self.backlog.done {
             return;
         }
         for (conv, seq) in self.delivered.take() {

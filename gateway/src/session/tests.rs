@@ -135,7 +135,13 @@ async fn fixture(device: &str) -> Fixture {
             send_timeout: Duration::from_secs(1),
             max_body_bytes: 1024,
         },
-        recovery: Recovery { db, redis: pool.clone(), keys: keys.clone(), watermark_margin_ms: 1 },
+        recovery: Recovery {
+            db,
+            redis: pool.clone(),
+            keys: keys.clone(),
+            watermark_margin_ms: 1,
+            start_reads: Arc::new(tokio::sync::Semaphore::new(2)),
+        },
         marks,
         leftover_acks,
         delivered,
@@ -178,7 +184,7 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
     let ids: Vec<u64> = (0..7).map(|k| (1u64 << 62) + k).collect();
     fill(&f, "d1", &ids).await;
     let (socket, mut peer) = socket_pair();
-    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), socket, false));
+    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket, false));
 
     let Ok(ServerFrame::Hello(hello)) = peer.next().await else { panic!("hello first") };
     assert_eq!((hello.pending, hello.hb_ms), (7, 25_000));
@@ -220,7 +226,7 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
 
     // A newer session of the same device replaces this one: 4002.
     let (socket2, mut peer2) = socket_pair();
-    let newer = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), socket2, false));
+    let newer = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket2, false));
     assert_eq!(peer.next().await.unwrap_err(), Some(4002));
     session.await.unwrap();
     assert!(matches!(peer2.next().await, Ok(ServerFrame::Hello(_))));

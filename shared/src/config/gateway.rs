@@ -23,6 +23,12 @@ section! {
         pub require_noeviction: bool = "true",
         /// MySQL connections of the gateway.
         pub db_pool_size: u32 = "16",
+        /// Most session starts reading MySQL at once; more wait their turn.
+        ///
+        /// A device new to this Redis (a first session, or after a Redis data loss) has its
+        /// watermark and its band's first page read at start. A login storm queues here
+        /// instead of taking every pool connection (and failing past the pool's wait).
+        pub start_db_reads: u32 = "8",
         /// Most members of one conversation.
         pub max_group_size: usize = "1000",
         /// Server ping interval; must stay below `gateway.nat_idle_timeout_ms`.
@@ -242,6 +248,7 @@ impl GatewayConfig {
             ("gateway.tenant_send_rate", self.tenant_send_rate),
             ("gateway.tenant_send_burst", self.tenant_send_burst),
             ("gateway.db_pool_size", self.db_pool_size),
+            ("gateway.start_db_reads", self.start_db_reads),
         ] {
             if v == 0 {
                 bad.push(key, "must be positive");

@@ -1,0 +1,86 @@
+//! A session's start: presence (replacing a session elsewhere), a complete pending set,
+//! `hello` with what is pending, and the read positions waiting for the device.
+//!
+//! A device new to this Redis (a first session, or a set lost with Redis's data) has an
+//! overflow band read from MySQL. The start reads the band's first page once, for both
+//! `hello.pending` and the pager's first page: a band that fits in a page (every
+//! never-seen device's: the minute before it registered) costs one query, not a count
+//! and then a read; a longer one is counted too.
+
+use axum::extract::ws::Message;
+use fred::interfaces::{HashesInterface, SortedSetsInterface};
+use futures::{Sink, Stream};
+use herald_shared::ids::MsgId;
+use herald_shared::protocol::{Hello, Message as MsgFrame};
+
+use super::{Session, SessionError};
+use crate::epoch::EpochSeen;
+use crate::recovery::Band;
+
+/// `hello.pending` counts an overflow band's messages up to this many.
+const BAND_COUNT_MAX: u32 = 100_000;
+
+/// The band's first page, as the start read it: messages with ids in `after+1..=high`.
+#[derive(Debug)]
+pub(super) struct FirstPage {
+    after: MsgId,
+    high: MsgId,
+    page: Vec<MsgFrame>,
+}
+
+impl<S, E> Session<S>
+where
+    S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
+{
+    pub(super) async fn start(&mut self) -> Result<(), SessionError> {
+        let redis = self.env.redis.next().clone();
+        self.presence.claim(&redis, &self.env.keys).await?;
+        // The device registry in Redis (MySQL's devices table stays the truth).
+        let devices = self.env.keys.devices(&self.device.tenant, &self.device.user);
+        let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
+        self.epoch = EpochSeen::new(&self.env.epoch);
+        let watermark = self.registered_watermark.take();
+        self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, watermark).await?;
+        // With a band: its messages (the set may hold some of them too) and the set's
+        // above it, or the set's size if that is more.
+        let mut pending: u64 = redis.zcard(&self.pending_key).await?;
+        if let Some(band) = self.env.recovery.band(&self.device).await? {
+            let above: u64 = redis.zcount(&self.pending_key, band.high.score().next_up(), f64::INFINITY).await?;
+            pending = pending.max(self.count_band(band).await? + above);
+        }
+        metrics::histogram!("herald_pending_at_connect").record(pending as f64);
+        self.backlog.expect(pending);
+        let hello = Hello { session: self.id.clone(), hb_ms: self.env.cfg.gateway.heartbeat_ms, pending };
+        self.send_frame(hello).await;
+        self.send_stored_reads().await
+    }
+
+    /// How many messages the band holds (up to `BAND_COUNT_MAX`), its first page kept
+    /// for the pager.
+    async fn count_band(&mut self, band: Band) -> Result<u64, SessionError> {
+        let page_size = self.backlog.page_size();
+        let after = MsgId(band.low.0.saturating_sub(1));
+        let _turn = self.env.recovery.start_reads.acquire().await.expect("never closed");
+        let page = self.env.history.band(&self.device, after, band.high, page_size as u32).await?;
+        let in_band = if page.len() < page_size {
+            page.len() as u64
+        } else {
+            self.env.history.band_count(&self.device, band.low, band.high, BAND_COUNT_MAX).await?
+        };
+        self.first_band_page = Some(Box::new(FirstPage { after, high: band.high, page }));
+        Ok(in_band)
+    }
+
+    /// The band's first page if the start read this very page: the first `want`
+    /// messages after `after` up to `high` (`want` is at most a page: the read was
+    /// either a full page, or all there is).
+    pub(super) fn take_first_band_page(&mut self, after: MsgId, high: MsgId, want: usize) -> Option<Vec<MsgFrame>> {
+        let first = self.first_band_page.take()?;
+        if first.after != after || first.high != high {
+            return None;
+        }
+        let mut page = first.page;
+        page.truncate(want);
+        Some(page)
+    }
+}
