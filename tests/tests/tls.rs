@@ -12,7 +12,7 @@ use herald_client::{HttpClient, Tls, WsClient, WsEvent};
 use herald_shared::protocol::{Hello, ServerFrame};
 use herald_shared::tls::ClientTls;
 use herald_tests::faults::MariaDb;
-use herald_tests::{bin, eventually, free_port, Cluster};
+use herald_tests::{bin, free_port, Cluster};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
 use serde_json::json;
 use sqlx::Connection;
@@ -80,22 +80,34 @@ struct TlsRedis {
 }
 
 impl TlsRedis {
+    /// A TLS-only Redis of this test's CA. Up when it answers over TLS trusting that CA:
+    /// a port that merely accepts could be another test's server (a free port is free
+    /// only until someone binds it), and then ours exits and another port is tried.
     async fn start(pki: &Pki) -> TlsRedis {
-        let port = free_port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--tls-cert-file", text(&pki.cert), "--tls-key-file", text(&pki.key)])
-            .args(["--tls-ca-cert-file", text(&pki.ca), "--tls-auth-clients", "no"])
-            .args(["--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed");
-        eventually(Duration::from_secs(10), "the TLS redis listens", || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
-        })
-        .await;
-        TlsRedis { port, child }
+        let trusted = ClientTls::trusting(Some(pki.ca.clone()));
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = std::process::Command::new("redis-server")
+                .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--tls-cert-file", text(&pki.cert), "--tls-key-file", text(&pki.key)])
+                .args(["--tls-ca-cert-file", text(&pki.ca), "--tls-auth-clients", "no"])
+                .args(["--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            let url = format!("rediss://127.0.0.1:{port}/0");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && child.try_wait().expect("redis-server's status").is_none() {
+                if herald_shared::redis::pool(&url, &trusted, 1).await.is_ok() {
+                    return TlsRedis { port, child };
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("no TLS redis-server came up on any of 5 ports");
     }
 }
 
