@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use herald_shared::auth::Platform;
 
-use anyhow::{ensure, Context};
-
 use crate::sampler::AdminUrl;
 
+mod action;
 mod soak;
+pub use action::Action;
 pub use soak::Soak;
 
 const AFTER_HELP: &str = "\
@@ -356,23 +356,6 @@ pub struct Token {
 
 fn platform(s: &str) -> Result<Platform, String> {
     serde_json::from_value(serde_json::Value::String(s.into())).map_err(|e| e.to_string())
-}
-
-/// A chaos action: a shell command run `at` seconds after sending starts.
-#[derive(Clone, Debug)]
-pub struct Action {
-    pub at: f64,
-    pub command: String,
-}
-
-impl std::str::FromStr for Action {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Action> {
-        let (at, command) = s.split_once('=').context("an action is SECONDS=COMMAND")?;
-        let at: f64 = at.trim().parse().with_context(|| format!("action time {at:?} is not a number of seconds"))?;
-        ensure!(!command.trim().is_empty(), "action at {at} s has no command");
-        Ok(Action { at, command: command.trim().to_owned() })
-    }
 }
 
 #[cfg(test)]
