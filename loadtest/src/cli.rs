@@ -12,8 +12,10 @@ use herald_shared::auth::Platform;
 use crate::sampler::AdminUrl;
 
 mod action;
+mod failover;
 mod soak;
 pub use action::Action;
+pub use failover::Failover;
 pub use soak::Soak;
 
 const AFTER_HELP: &str = "\
@@ -48,6 +50,8 @@ pub enum Command {
     Storm(Storm),
     /// `steady` while each --action SECONDS=COMMAND runs (kill a gateway, restart it, ...).
     Chaos(Chaos),
+    /// The first gateway is killed under traffic: its devices reconnect to the others and catch up.
+    Failover(Failover),
     /// Idle sessions on one gateway: its memory per connection, and that they still deliver.
     Idle(Idle),
     /// `steady` with devices leaving, joining and reconnecting; fails when kept state keeps growing.
