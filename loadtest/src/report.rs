@@ -206,6 +206,18 @@ pub fn charts(r: &ScenarioReport) -> Vec<(String, String)> {
             ),
         ));
     }
+    if let Some(from) = r.extra["storm_from_s"].as_f64().filter(|_| r.extra["reconnect_all_s"].is_number()) {
+        let online: Vec<(f64, f64)> = r.series.iter().map(|t| (t.t_s, t.online as f64)).collect();
+        out.push((
+            format!("{name}-sessions.svg"),
+            line_chart(
+                &format!("{name}: devices online"),
+                "devices",
+                &[("devices online", "#17becf", online)],
+                &[(from, "gateway killed".into())],
+            ),
+        ));
+    }
     out.extend(crate::soak_report::charts(name, &r.extra["soak"]));
     out
 }

@@ -49,6 +49,8 @@ async fn failover_moves_the_devices_of_a_killed_gateway_and_loses_nothing() {
     assert!(e["reconnect_rate_per_s"].as_f64().unwrap() > 0.0, "{e}");
     assert!(e["sessions"].as_u64().unwrap() >= 100, "every device had a second session: {e}");
     assert!(e["realtime_p99_baseline_ms"].as_f64().unwrap() > 0.0, "{e}");
+    let svg = std::fs::read_to_string(out.join("failover-sessions.svg")).unwrap();
+    assert!(svg.contains("<polyline") && svg.contains("gateway killed"), "the reconnect curve is drawn");
     let md = std::fs::read_to_string(out.join("failover.md")).unwrap();
     assert!(md.contains("catch_up_all_s"), "the Markdown report has the catch-up time");
 }
