@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The standard capacity suite: starts a local Herald (one worker, two gateways; release
 # build; its own database, Redis prefix and ports, so it can run beside scripts/run.sh),
-# runs the scenarios steady, fanout, storm, idle and chaos (soak when asked), and writes
-# docs/capacity-report.md with the numbers next to the targets of docs/architecture.md section 6
+# runs the scenarios steady, fanout, storm, idle and chaos (soak and failover when asked),
+# and writes docs/capacity-report.md with the numbers next to the targets of
+# docs/architecture.md section 6
 # (scenario reports, JSON and SVG charts in docs/capacity/).
 #
 #   scripts/capacity.sh            # the standard suite (about 6 minutes on 2 cores)
@@ -12,6 +13,9 @@
 #   OUT=/tmp/cap REPORT=/tmp/cap/report.md scripts/capacity.sh
 #   SCENARIOS=soak scripts/capacity.sh  # 10 minutes of steady load with device churn; fails
 #                                       # when what Herald keeps grows (SOAK_ARGS for options)
+#   SCENARIOS=failover scripts/capacity.sh  # 10 000 devices on gw-1, which is SIGKILLed under
+#       # traffic and not restarted until the devices have moved to gw-2 and caught up
+#       # (FAILOVER_ARGS for options); not in the default list, as it takes gw-1 down
 #   HD_BIN=target/debug ...             # binaries already built (no release build)
 #   PROFILE=gateway scripts/capacity.sh # perf profile of gw-1 in the middle of `steady`:
 #                                       # its top frames in $OUT/profile/steady-gateway.txt
@@ -87,6 +91,7 @@ if [ "$SCALE" = quick ]; then
   STORM="--devices 500 --backlog 50 --group 50 --realtime 20 --rate 50 --baseline 3"
   IDLE="--connections 2000 --hold 3"
   CHAOS="--conversations 100 --rate 300 --duration 24"
+  FAILOVER="--devices 1000 --group 50 --rate 20 --baseline 3"
   SOAK="--conversations 100 --rate 100 --duration 300 --warmup 150"
 else
   STEADY="--conversations 200 --rate 5000 --duration 30"
@@ -95,6 +100,8 @@ else
   # The machine allows 20 000 open files per process: 18 000 sessions is its ceiling.
   IDLE="--connections 18000 --hold 10 --connect-rate 3000"
   CHAOS="--conversations 300 --rate 1000 --duration 40"
+  # gw-2 takes gw-1's sessions: 10 000 of the 20 000 open files a process may have here.
+  FAILOVER="--devices 10000 --group 50 --rate 20 --baseline 5"
   # Past the warm-up, devices gone are expired as fast as they go (120 s after they were
   # last seen), so what they held stops adding up.
   SOAK="--conversations 300 --rate 300 --duration 600 --warmup 150"
@@ -102,6 +109,7 @@ fi
 # Any scenario's options can be replaced: STORM="--devices 1000 --backlog 50" scripts/capacity.sh
 STEADY=${STEADY_ARGS:-$STEADY} FANOUT=${FANOUT_ARGS:-$FANOUT} STORM=${STORM_ARGS:-$STORM}
 IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS} SOAK=${SOAK_ARGS:-$SOAK}
+FAILOVER=${FAILOVER_ARGS:-$FAILOVER}
 gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
 # Every scenario reads each process's CPU (its admin /metrics; Redis's INFO) before and
 # after its send window, for the CPU per message of its report.
@@ -148,6 +156,11 @@ for s in $SCENARIOS; do
         --action "8=scripts/node.sh start gw-2" \
         --action "12=scripts/node.sh kill wk-1" \
         --action "15=scripts/node.sh start wk-1" ;;
+    failover)
+      # gw-1 SIGKILLed and left down while its devices move to gw-2 and catch up; started
+      # again afterwards for the scenarios that follow
+      fo=0; lt failover $FAILOVER --kill "scripts/node.sh kill gw-1" || fo=$?
+      scripts/node.sh start gw-1 && [ "$fo" = 0 ] ;;
     soak)
       # samples this cluster: its Redis prefix, its database and every process's /metrics
       lt soak --redis-prefix "$HERALD_REDIS_KEY_PREFIX" --mysql-url "$HERALD_MYSQL_URL" $SOAK ;;

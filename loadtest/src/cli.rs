@@ -9,11 +9,13 @@ use std::path::PathBuf;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use herald_shared::auth::Platform;
 
-use anyhow::{ensure, Context};
-
 use crate::sampler::AdminUrl;
 
+mod action;
+mod failover;
 mod soak;
+pub use action::Action;
+pub use failover::Failover;
 pub use soak::Soak;
 
 const AFTER_HELP: &str = "\
@@ -48,6 +50,8 @@ pub enum Command {
     Storm(Storm),
     /// `steady` while each --action SECONDS=COMMAND runs (kill a gateway, restart it, ...).
     Chaos(Chaos),
+    /// The first gateway is killed under traffic: its devices reconnect to the others and catch up.
+    Failover(Failover),
     /// Idle sessions on one gateway: its memory per connection, and that they still deliver.
     Idle(Idle),
     /// `steady` with devices leaving, joining and reconnecting; fails when kept state keeps growing.
@@ -356,23 +360,6 @@ pub struct Token {
 
 fn platform(s: &str) -> Result<Platform, String> {
     serde_json::from_value(serde_json::Value::String(s.into())).map_err(|e| e.to_string())
-}
-
-/// A chaos action: a shell command run `at` seconds after sending starts.
-#[derive(Clone, Debug)]
-pub struct Action {
-    pub at: f64,
-    pub command: String,
-}
-
-impl std::str::FromStr for Action {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Action> {
-        let (at, command) = s.split_once('=').context("an action is SECONDS=COMMAND")?;
-        let at: f64 = at.trim().parse().with_context(|| format!("action time {at:?} is not a number of seconds"))?;
-        ensure!(!command.trim().is_empty(), "action at {at} s has no command");
-        Ok(Action { at, command: command.trim().to_owned() })
-    }
 }
 
 #[cfg(test)]

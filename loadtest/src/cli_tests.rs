@@ -49,6 +49,7 @@ fn typos_missing_values_and_bad_numbers_are_refused() {
         &["chaos", "--action", "soon=x"],
         &["idle"],
         &["storm", "--fresh", "maybe"],
+        &["failover", "--devices", "10"],
         &["token", "--user", "u"],
         &["report"],
         &["probe", "--interval-ms", "0"],
@@ -105,7 +106,7 @@ fn soak_defaults_admin_urls_and_exemptions() {
 }
 
 /// The command lines of scripts/capacity.sh, scripts/run.sh, the Helm chart's probe
-/// and tests/tests/{loadtest,probe}.rs.
+/// and tests/tests/{loadtest,loadtest_failover,probe}.rs.
 #[test]
 fn the_callers_command_lines_parse() {
     let tail = ["--gateways", "http://127.0.0.1:8180,http://127.0.0.1:8181", "--out", "docs/capacity"];
@@ -115,6 +116,8 @@ fn the_callers_command_lines_parse() {
         "storm --devices 5000 --backlog 200 --group 50 --realtime 100 --rate 200 --baseline 5",
         "idle --connections 18000 --hold 10 --connect-rate 3000 --gateway-pid 42",
         "chaos --conversations 300 --rate 1000 --duration 40 --action 4=x --action 8=y",
+        "failover --devices 10000 --group 50 --rate 20 --baseline 5 --kill x",
+        "failover --devices 50 --group 10 --rate 20 --baseline 2 --after 1 --kill x --tenant lt",
         "steady --conversations 20 --rate 200 --duration 3 --tenant lt",
         "storm --devices 60 --backlog 20 --group 30 --realtime 4 --rate 20 --baseline 1 --fresh true",
         "idle --connections 150 --group 50 --hold 1 --gateway-pid 7 --local-ips 127.0.0.1,127.0.0.2",

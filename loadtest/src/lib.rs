@@ -2,7 +2,7 @@
 //! client library's devices; every scenario ends with the integrity check.
 //!
 //! - [`cli`]: the command line (clap), every command's options and defaults.
-//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `idle`, `soak`.
+//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `failover`, `idle`, `soak`.
 //! - [`senders`]: the scenarios' senders, over HTTP or WebSocket, on an open-loop schedule.
 //! - [`load`]: schedules, offered against achieved load, and which side was the limit.
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).

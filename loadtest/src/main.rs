@@ -31,6 +31,7 @@ async fn run(command: Command) -> Result<i32> {
         Command::Fanout(a) => (scenarios::fanout(&a).await?, a.target.out),
         Command::Storm(a) => (scenarios::storm(&a).await?, a.target.out),
         Command::Chaos(a) => (scenarios::chaos(&a).await?, a.target.out),
+        Command::Failover(a) => (scenarios::failover(&a).await?, a.target.out),
         Command::Idle(a) => (scenarios::idle(&a).await?, a.target.out),
         Command::Soak(a) => (scenarios::soak(&a).await?, a.target.out),
         Command::Sends(a) => {

@@ -206,6 +206,18 @@ pub fn charts(r: &ScenarioReport) -> Vec<(String, String)> {
             ),
         ));
     }
+    if let Some(from) = r.extra["storm_from_s"].as_f64().filter(|_| r.extra["reconnect_all_s"].is_number()) {
+        let online: Vec<(f64, f64)> = r.series.iter().map(|t| (t.t_s, t.online as f64)).collect();
+        out.push((
+            format!("{name}-sessions.svg"),
+            line_chart(
+                &format!("{name}: devices online"),
+                "devices",
+                &[("devices online", "#17becf", online)],
+                &[(from, "gateway killed".into())],
+            ),
+        ));
+    }
     out.extend(crate::soak_report::charts(name, &r.extra["soak"]));
     out
 }
@@ -214,7 +226,7 @@ pub fn charts(r: &ScenarioReport) -> Vec<(String, String)> {
 /// with chart links relative to `out`'s folder.
 pub fn capacity(dir: &Path, out: &Path, machine: &str) -> Result<()> {
     let mut reports: Vec<ScenarioReport> = Vec::new();
-    for name in ["steady", "fanout", "storm", "idle", "chaos", "soak", "sends"] {
+    for name in ["steady", "fanout", "storm", "idle", "chaos", "failover", "soak", "sends"] {
         let path = dir.join(format!("{name}.json"));
         if let Ok(text) = std::fs::read_to_string(&path) {
             reports.push(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?);
@@ -255,6 +267,10 @@ pub fn capacity(dir: &Path, out: &Path, machine: &str) -> Result<()> {
         let (drain, ratio) =
             (r.extra["drain_s"].as_f64().unwrap_or(f64::MAX), r.extra["realtime_p99_ratio"].as_f64().unwrap_or(0.0));
         let _ = writeln!(s, "| login storm: {} devices x {} backlog | drained <= 60 s | drained <= 15 s, realtime p99 within 2x | drained in {drain:.1} s; realtime p99 {:.1} ms -> {:.1} ms ({ratio:.1}x) | {} |", r.params["devices"], r.params["backlog"], r.extra["realtime_p99_baseline_ms"].as_f64().unwrap_or(0.0), r.extra["realtime_p99_during_storm_ms"].as_f64().unwrap_or(0.0), verdict(drain <= 60.0, drain <= 15.0 && ratio <= 2.0));
+    }
+    if let Some(r) = get("failover") {
+        let (e, secs) = (&r.extra, |k: &str| r.extra[k].as_f64().map_or("not reached".into(), |s| format!("{s:.1} s")));
+        let _ = writeln!(s, "| gateway killed: its {} devices move to the others | no target | no target | all back after {}, all caught up after {}; realtime p99 {:.1} ms -> {:.1} ms | - |", r.params["devices"], secs("reconnect_all_s"), secs("catch_up_all_s"), e["realtime_p99_baseline_ms"].as_f64().unwrap_or(0.0), e["realtime_p99_during_storm_ms"].as_f64().unwrap_or(0.0));
     }
     if let Some(row) = get("soak").and_then(|r| {
         crate::soak_report::capacity_row(r.params["duration_s"].as_f64().unwrap_or(0.0), &r.extra["soak"])

@@ -1,7 +1,8 @@
 //! The scenarios: `steady` (direct conversations at a target rate), `fanout` (groups),
 //! `storm` (a reconnect storm with backlog while realtime continues), `chaos` (steady
-//! load while given commands kill and restart processes), `idle` (memory per idle
-//! connection) and `soak` (steady load with device churn while kept state is sampled).
+//! load while given commands kill and restart processes), `failover` (the devices of a
+//! killed gateway move to the others), `idle` (memory per idle connection) and `soak`
+//! (steady load with device churn while kept state is sampled).
 //! Each ends with the integrity check and returns a [`ScenarioReport`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,10 +23,13 @@ use crate::report::ScenarioReport;
 use crate::senders::{self, SenderOptions};
 
 mod churn;
+mod failover;
 mod idle;
+mod reconnects;
 mod soak;
 mod storm;
 
+pub use failover::failover;
 pub use idle::idle;
 pub use soak::soak;
 pub use storm::storm;
