@@ -1,16 +1,19 @@
 //! The Rust client library's `Device` follows docs/client.md: it sends its token as the
 //! first frame and offers `herald.v1` (section 1), stops instead of reconnecting when
 //! its session is replaced, gets a new token after a 4001 or stops without a way to
-//! (section 2), and refreshes its token in the session before it expires (section 3).
-//! What it puts on the wire is read through a recording proxy.
+//! (section 2), refreshes its token in the session before it expires (section 3), and
+//! acks a burst of messages in a few frames, not one each. What it puts on the wire is
+//! read through a recording proxy.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fred::interfaces::SortedSetsInterface;
 use herald_client::device::{DeviceSpec, EndedBy, TokenIn, TokenReason, TokenSource};
 use herald_client::{WsClient, WsEvent};
 use herald_shared::auth::{sign, Claims, Platform};
 use herald_shared::ids::now_ms;
+use herald_shared::keys::DeviceKey;
 use herald_shared::protocol::{ClientFrame, Hello, PingFrame, ServerFrame, SUBPROTOCOL};
 use herald_tests::{eventually, AutoDevice, Cluster, WireTap, SECRET, TENANT};
 use serde_json::json;
@@ -217,4 +220,35 @@ async fn after_4001_the_device_gets_a_new_token_or_stops() {
     assert_eq!(renewing.ended_by(), None);
     renewing.stop().await;
     fixed.stop().await;
+}
+
+/// A backlog page arrives as a burst: the device acks its ids in a few frames (the
+/// gateway counts them), where it sent one frame per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_acks_a_burst_in_a_few_frames() {
+    let c = one_gateway("rdevacks").await;
+    let bob = c.client(0, "bob", "b1");
+    bob.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    // Registered, then away while 100 messages wait for it.
+    c.client(0, "alice", "a1").register_device().await.unwrap();
+    let mut sent = std::collections::BTreeSet::new();
+    for k in 0..100 {
+        sent.insert(bob.send(&format!("m-{k}"), "ab", &json!(k)).await.unwrap().id.0);
+    }
+    let admin = c.gateways[0].admin_url();
+    let acks = || herald_tests::drill::metric(&admin, "herald_frames_in_total{type=\"ack\"}");
+    let before = acks().await;
+    let alice = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("alice", "a1"), "alice", "a1").await;
+    eventually(WAIT, "the backlog arrives", || async { (alice.ids().len() >= 100).then_some(()) }).await;
+    eventually(WAIT, "and is acked", || async {
+        let pending: u64 =
+            c.redis().await.zcard(c.keys().pending_of(&DeviceKey::new(TENANT, "alice", "a1"))).await.unwrap();
+        (pending == 0).then_some(())
+    })
+    .await;
+    let frames = acks().await - before;
+    assert!(frames >= 1.0, "acks were counted");
+    assert!(frames <= 20.0, "{frames} ack frames for a backlog of 100");
+    assert_eq!(alice.ids(), sent, "every message");
+    alice.stop().await;
 }

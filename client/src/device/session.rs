@@ -1,7 +1,8 @@
 //! One session of a device, after `hello`: a single loop over the socket, the app's
 //! frames, a half-second tick (pings, liveness, gap filling, token refresh) and the
-//! stop signal. It acks every `msg`, keeps the timelines, refreshes the token before
-//! it expires, and ends with what the next attempt needs to know.
+//! stop signal. It acks every `msg` (the ids of a burst in one frame, as docs/client.md
+//! asks), keeps the timelines, refreshes the token before it expires, and ends with
+//! what the next attempt needs to know.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,11 @@ use crate::ws::{WsClient, WsEvent};
 /// token's `exp`; a token source may have a better one by then), unless the gateway did
 /// not know the frame.
 const REFRESH_RETRY: Duration = Duration::from_secs(5);
+
+/// Acks wait this long for more ids to share their frame...
+const ACK_LINGER: Duration = Duration::from_millis(2);
+/// ...or until this many are waiting.
+const ACK_MAX: usize = 128;
 
 /// How a session ended.
 #[derive(Clone, Copy)]
@@ -88,9 +94,21 @@ impl Session<'_> {
         let mut last_ping = Instant::now();
         let mut liveness = Liveness::new(self.hb, Instant::now());
         let mut hints = Hints::default();
+        // Ids received and not yet acked, and when they are due.
+        let (mut acks, mut acks_due) = (Vec::new(), tokio::time::Instant::now());
         loop {
             tokio::select! {
-                _ = stopped.changed() => return SessionEnd::Stopped,
+                _ = stopped.changed() => {
+                    if !acks.is_empty() {
+                        let _ = self.ws.send(&ClientFrame::Ack(AckFrame { ids: std::mem::take(&mut acks) })).await;
+                    }
+                    return SessionEnd::Stopped;
+                }
+                () = tokio::time::sleep_until(acks_due), if !acks.is_empty() => {
+                    if self.ws.send(&ClientFrame::Ack(AckFrame { ids: std::mem::take(&mut acks) })).await.is_err() {
+                        return lost;
+                    }
+                }
                 Some(o) = out.recv() => {
                     let sent = match o {
                         Outgoing::Frame(f) => self.ws.send(&f).await,
@@ -143,7 +161,13 @@ impl Session<'_> {
                                 let via = if caught_up { Via::Realtime } else { Via::Backlog };
                                 self.observer.message(&m, via, self.started.elapsed());
                                 self.st.arrive(m.id.0, &m.conv, m.seq, via);
-                                if self.ws.send(&ClientFrame::Ack(AckFrame { ids: vec![m.id] })).await.is_err() {
+                                if acks.is_empty() {
+                                    acks_due = tokio::time::Instant::now() + ACK_LINGER;
+                                }
+                                acks.push(m.id);
+                                if acks.len() >= ACK_MAX
+                                    && self.ws.send(&ClientFrame::Ack(AckFrame { ids: std::mem::take(&mut acks) })).await.is_err()
+                                {
                                     return lost;
                                 }
                             }
