@@ -15,6 +15,7 @@
 //! - [`send_frame`], [`ack_frame`] (`frames`): client frames tests build often.
 //! - [`eventually`] (`wait`): polling until a condition holds.
 //! - [`WireTap`] (`wiretap`): a proxy that records what a client puts on the wire.
+//! - [`run_scenario`] (`scenario`): a load-test scenario against a cluster, its report.
 //! - [`drill`], [`faults`], [`redis_cluster`]: fault drills, injected faults, Redis Cluster.
 
 mod admin;
@@ -23,6 +24,7 @@ mod cluster;
 mod device;
 mod frames;
 mod redis_server;
+mod scenario;
 mod wait;
 mod wiretap;
 
@@ -36,6 +38,7 @@ pub use cluster::{bin, shared_redis_url, Cluster, Proc};
 pub use device::{AutoDevice, Seen};
 pub use frames::{ack_frame, send_frame};
 pub use redis_server::{free_port, spawn_redis_server, RedisServer};
+pub use scenario::{assert_clean, run_scenario, scenario_cluster, scenario_out};
 pub use wait::eventually;
 pub use wiretap::{Tapped, WireTap};
 

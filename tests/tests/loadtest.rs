@@ -3,57 +3,10 @@
 //! its JSON, Markdown and SVG report; `chaos` SIGKILLs a gateway and a worker under load;
 //! `soak` runs 30 s with windows of seconds and must find the kept state flat.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use herald_tests::{bin, Cluster, SECRET};
+use herald_tests::{assert_clean, bin, run_scenario, scenario_cluster, scenario_out, Cluster};
 use serde_json::Value;
-
-async fn cluster(name: &str, workers: usize) -> Cluster {
-    let mut c = Cluster::new(name);
-    c.set("HERALD_GATEWAY__SEND_RATE", "100000").set("HERALD_GATEWAY__SEND_BURST", "100000");
-    for _ in 0..workers {
-        c.start_worker(&[]).await;
-    }
-    c.start_gateway(&[]).await;
-    c.start_gateway(&[]).await;
-    c
-}
-
-fn out_dir(c: &Cluster) -> PathBuf {
-    c.log_dir.join("reports")
-}
-
-/// Runs one scenario; returns its exit code and its JSON report (if written).
-async fn run(c: &Cluster, args: &[&str]) -> (i32, Option<Value>) {
-    let gateways = format!("{},{}", c.gateways[0].base_url(), c.gateways[1].base_url());
-    let out = out_dir(c);
-    let status = tokio::time::timeout(
-        Duration::from_secs(180),
-        tokio::process::Command::new(bin("herald-loadtest"))
-            .args(args)
-            .args(["--gateways", &gateways, "--tenant", "lt", "--out", out.to_str().unwrap()])
-            .env("HERALD_JWT_SECRET", SECRET)
-            .kill_on_drop(true)
-            .status(),
-    )
-    .await
-    .expect("the scenario ends within 180 s")
-    .expect("herald-loadtest runs");
-    let report =
-        std::fs::read_to_string(out.join(format!("{}.json", args[0]))).ok().map(|t| serde_json::from_str(&t).unwrap());
-    (status.code().unwrap_or(-1), report)
-}
-
-fn assert_clean(r: &Value) {
-    let i = &r["integrity"];
-    assert!(i["acknowledged"].as_u64().unwrap() > 0, "{i}");
-    assert_eq!(
-        (i["lost"].as_u64(), i["shown_twice"].as_u64(), i["out_of_order"].as_u64()),
-        (Some(0), Some(0), Some(0)),
-        "{i}"
-    );
-}
 
 fn assert_charts(dir: &Path, scenario: &str) {
     for chart in ["latency", "throughput"] {
@@ -65,10 +18,10 @@ fn assert_charts(dir: &Path, scenario: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_fanout_storm_and_idle_deliver_everything_and_report() {
-    let c = cluster("lt-scenarios", 1).await;
-    let dir = out_dir(&c);
+    let c = scenario_cluster("lt-scenarios", 1).await;
+    let dir = scenario_out(&c);
 
-    let (code, r) = run(&c, &["steady", "--conversations", "20", "--rate", "200", "--duration", "3"]).await;
+    let (code, r) = run_scenario(&c, &["steady", "--conversations", "20", "--rate", "200", "--duration", "3"]).await;
     let r = r.expect("steady report");
     assert_eq!(code, 0, "steady");
     assert_clean(&r);
@@ -80,14 +33,15 @@ async fn steady_fanout_storm_and_idle_deliver_everything_and_report() {
     assert!(r["series"].as_array().unwrap().len() >= 3, "a tick per second");
     assert_charts(&dir, "steady");
 
-    let (code, r) = run(&c, &["fanout", "--receivers", "60", "--group", "30", "--rate", "20", "--duration", "3"]).await;
+    let (code, r) =
+        run_scenario(&c, &["fanout", "--receivers", "60", "--group", "30", "--rate", "20", "--duration", "3"]).await;
     let r = r.expect("fanout report");
     assert_eq!(code, 0, "fanout");
     assert_clean(&r);
     let sends = r["acknowledged_sends"].as_u64().unwrap();
     assert!(r["deliveries"].as_u64().unwrap() >= 30 * sends, "every group message reaches its 30 members");
 
-    let (code, r) = run(
+    let (code, r) = run_scenario(
         &c,
         &[
             "storm",
@@ -116,7 +70,8 @@ async fn steady_fanout_storm_and_idle_deliver_everything_and_report() {
 
     let pid = c.gateways[0].pid().to_string();
     let (code, r) =
-        run(&c, &["idle", "--connections", "150", "--group", "50", "--hold", "1", "--gateway-pid", &pid]).await;
+        run_scenario(&c, &["idle", "--connections", "150", "--group", "50", "--hold", "1", "--gateway-pid", &pid])
+            .await;
     let r = r.expect("idle report");
     assert_eq!(code, 0, "idle");
     assert_clean(&r);
@@ -214,15 +169,16 @@ fn assert_load(r: &Value, via: &str) {
 /// offered against achieved, and the latencies from the due time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_reports_cpu_per_message_and_offered_against_achieved() {
-    let c = cluster("lt-measure", 1).await;
+    let c = scenario_cluster("lt-measure", 1).await;
     let m = measure(&c);
-    let (code, r) = run(&c, &with(&["steady", "--conversations", "20", "--rate", "200", "--duration", "3"], &m)).await;
+    let (code, r) =
+        run_scenario(&c, &with(&["steady", "--conversations", "20", "--rate", "200", "--duration", "3"], &m)).await;
     let r = r.expect("steady report");
     assert_eq!(code, 0, "steady");
     assert_clean(&r);
     assert_cpu(&c, &r);
     assert_load(&r, "http");
-    let md = std::fs::read_to_string(out_dir(&c).join("steady.md")).unwrap();
+    let md = std::fs::read_to_string(scenario_out(&c).join("steady.md")).unwrap();
     for text in [
         "| process | CPU s | cores busy | µs per message | µs per delivery |",
         "| **server** |",
@@ -239,9 +195,9 @@ async fn steady_reports_cpu_per_message_and_offered_against_achieved() {
 /// flight each: everything is delivered once and in order, measured as over HTTP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn senders_over_websocket_deliver_everything_and_are_measured() {
-    let c = cluster("lt-ws", 1).await;
+    let c = scenario_cluster("lt-ws", 1).await;
     let m = measure(&c);
-    let (code, r) = run(
+    let (code, r) = run_scenario(
         &c,
         &with(
             &["steady", "--conversations", "20", "--rate", "200", "--duration", "3", "--via", "ws", "--in-flight", "4"],
@@ -260,10 +216,10 @@ async fn senders_over_websocket_deliver_everything_and_are_measured() {
     assert_eq!(r["load"]["in_flight"].as_u64(), Some(4));
     assert_cpu(&c, &r);
     assert_load(&r, "ws");
-    let md = std::fs::read_to_string(out_dir(&c).join("steady.md")).unwrap();
+    let md = std::fs::read_to_string(scenario_out(&c).join("steady.md")).unwrap();
     assert!(md.contains("| send to ack (`sent`), from the due time |"), "{md}");
 
-    let (code, r) = run(
+    let (code, r) = run_scenario(
         &c,
         &with(&["fanout", "--receivers", "60", "--group", "30", "--rate", "20", "--duration", "3", "--via", "ws"], &m),
     )
@@ -281,13 +237,13 @@ async fn senders_over_websocket_deliver_everything_and_are_measured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kills_a_gateway_and_a_worker_under_load_and_loses_nothing() {
-    let c = cluster("lt-chaos", 2).await;
-    let (code, _) = run(&c, &["chaos", "--duration", "1"]).await;
+    let c = scenario_cluster("lt-chaos", 2).await;
+    let (code, _) = run_scenario(&c, &["chaos", "--duration", "1"]).await;
     assert_eq!(code, 2, "chaos without an action is a usage error");
 
     let kill_gw = format!("2=kill -9 {}", c.gateways[1].pid());
     let kill_wk = format!("4=kill -9 {}", c.workers[0].pid());
-    let (code, r) = run(
+    let (code, r) = run_scenario(
         &c,
         &[
             "chaos",
@@ -367,7 +323,7 @@ async fn soak_with_churn_keeps_state_flat_and_delivers_everything() {
     for a in &admins {
         args.extend(["--admin", a]);
     }
-    let (code, r) = run(&c, &args).await;
+    let (code, r) = run_scenario(&c, &args).await;
     let r = r.expect("soak report");
     let soak = &r["extra"]["soak"];
     assert_eq!(code, 0, "soak: growing {} / integrity {}", soak["growing"], r["integrity"]);
@@ -385,7 +341,7 @@ async fn soak_with_churn_keeps_state_flat_and_delivers_everything() {
     assert_eq!(row("rows.messages")["verdict"], "grows", "the slope test sees history grow");
     assert_eq!(row("rows.messages")["exempt"], true);
     assert!(row("writes.mysql_insert")["mean"].as_f64().unwrap() > 0.0);
-    let dir = out_dir(&c);
+    let dir = scenario_out(&c);
     assert_charts(&dir, "soak");
     for chart in ["redis-memory", "keys", "rows", "rss", "cpu", "mysql-writes", "redis-commands"] {
         let svg = std::fs::read_to_string(dir.join(format!("soak-{chart}.svg"))).unwrap();
