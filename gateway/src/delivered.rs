@@ -5,9 +5,10 @@
 //! worker moves the position and tells the senders (`worker/src/delivered.rs`).
 //!
 //! So the cost per ack is a map update in the session; the cost per flush is one XADD
-//! per user and conversation that moved, in one pipeline, whatever the number of acks.
+//! per ingress shard (the positions of that shard's conversations in one entry), in one
+//! pipeline, whatever the number of acks, users and conversations.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 /// third more CPU per message at 500 msg/s (docs/benchmarks.md, "Delivery status"); a
 /// status is shown at most once a second anyway (`delivery.status_interval_ms`).
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
+
+/// Positions per stream entry at most (about 40 KiB of JSON with long ids): a flush
+/// writes one entry per shard that has positions, or a few for a very busy shard.
+const BATCH_MAX: usize = 512;
 
 /// Sized for a flush period's reports of many sessions; a full queue drops the report
 /// (the position moves with the user's next ack, and history still counts the read).
@@ -65,6 +70,24 @@ fn coalesce(entries: impl IntoIterator<Item = DeliveredEntry>) -> Vec<DeliveredE
     highest.into_iter().map(|((tenant, conv, user), seq)| DeliveredEntry { tenant, user, conv, seq }).collect()
 }
 
+/// The positions grouped by the ingress shard of their conversation, at most
+/// [`BATCH_MAX`] per group: each group is one stream entry.
+fn by_shard(entries: Vec<DeliveredEntry>, shards: u32) -> Vec<(u32, Vec<DeliveredEntry>)> {
+    let mut groups: BTreeMap<u32, Vec<DeliveredEntry>> = BTreeMap::new();
+    for e in entries {
+        groups.entry(shard_of(&e.tenant, &e.conv, shards)).or_default().push(e);
+    }
+    let mut out = Vec::new();
+    for (shard, mut group) in groups {
+        while group.len() > BATCH_MAX {
+            let rest = group.split_off(BATCH_MAX);
+            out.push((shard, std::mem::replace(&mut group, rest)));
+        }
+        out.push((shard, group));
+    }
+    out
+}
+
 impl DeliveredFlusher {
     /// Writes what arrived every [`FLUSH_EVERY`] until `cancel`.
     pub async fn run(self, cancel: CancellationToken) {
@@ -84,7 +107,7 @@ impl DeliveredFlusher {
                 continue;
             }
             let entries = coalesce(std::mem::take(&mut batch));
-            if let Err(e) = self.write(&entries).await {
+            if let Err(e) = self.write(entries).await {
                 // Positions only move forward: a later ack of the user carries them on.
                 metrics::counter!("herald_redis_errors_total", "source" => "delivered").increment(1);
                 tracing::debug!(error = %e, "delivered positions not written");
@@ -92,14 +115,15 @@ impl DeliveredFlusher {
         }
     }
 
-    async fn write(&self, entries: &[DeliveredEntry]) -> Result<(), Error> {
+    async fn write(&self, entries: Vec<DeliveredEntry>) -> Result<(), Error> {
+        let count = entries.len();
         let pipe = self.redis.next().pipeline();
-        for e in entries {
-            let stream = self.keys.ingress(shard_of(&e.tenant, &e.conv, self.shards));
-            let _: () = pipe.xadd(stream, false, None, "*", e.to_fields()).await?;
+        for (shard, batch) in by_shard(entries, self.shards) {
+            let _: () =
+                pipe.xadd(self.keys.ingress(shard), false, None, "*", DeliveredEntry::batch_to_fields(&batch)).await?;
         }
         let _: Vec<Value> = pipe.all().await?;
-        metrics::counter!("herald_delivered_positions_reported_total").increment(entries.len() as u64);
+        metrics::counter!("herald_delivered_positions_reported_total").increment(count as u64);
         Ok(())
     }
 }
@@ -120,5 +144,22 @@ mod tests {
             coalesce([e("bob", "ab", 3), e("bob", "ab", 7), e("bob", "ab", 5), e("carol", "ab", 2), e("bob", "g", 1)]);
         out.sort_by(|a, b| (&a.user, &a.conv).cmp(&(&b.user, &b.conv)));
         assert_eq!(out, vec![e("bob", "ab", 7), e("bob", "g", 1), e("carol", "ab", 2)]);
+    }
+
+    #[test]
+    fn positions_go_to_their_conversations_shards_in_entries_of_at_most_a_batch() {
+        let e = |user: String, conv: &str| DeliveredEntry { tenant: "t".into(), user, conv: conv.into(), seq: 1 };
+        let mut entries: Vec<DeliveredEntry> = (0..BATCH_MAX + 3).map(|i| e(format!("u{i}"), "big")).collect();
+        entries.extend((0..40).map(|i| e("bob".into(), &format!("c{i}"))));
+        let groups = by_shard(entries.clone(), 8);
+        let written: usize = groups.iter().map(|(_, g)| g.len()).sum();
+        assert_eq!(written, entries.len(), "every position is written once");
+        for (shard, group) in &groups {
+            assert!(!group.is_empty() && group.len() <= BATCH_MAX);
+            assert!(group.iter().all(|p| shard_of(&p.tenant, &p.conv, 8) == *shard), "{shard}: {group:?}");
+        }
+        let big = shard_of("t", "big", 8);
+        assert_eq!(groups.iter().filter(|(s, g)| *s == big && g.iter().any(|p| p.conv == "big")).count(), 2);
+        assert!(groups.len() <= 8 + 1, "one entry per shard, plus one for the shard over a batch");
     }
 }

@@ -26,6 +26,10 @@ use crate::lease::Lease;
 
 type Entry = XReadValue<String, String, String>;
 
+/// Delivered positions applied per statement at most: a batch of entries may carry
+/// many (a gateway writes up to 512 per entry).
+const DELIVERED_CHUNK: usize = 2_048;
+
 /// One owned shard: its lease and its consumer task.
 struct OwnedShard {
     lease: Arc<Lease>,
@@ -296,7 +300,7 @@ impl IngressShard {
             match IngressRequest::from_fields(fields) {
                 Some(IngressRequest::Send(e)) => valid.push(e),
                 Some(IngressRequest::Read(r)) => reads.push(r),
-                Some(IngressRequest::Delivered(d)) => delivered.push(d),
+                Some(IngressRequest::Delivered(d)) => delivered.extend(d),
                 None => tracing::warn!(shard = self.shard, xid, "malformed ingress entry dropped"),
             }
         }
@@ -344,13 +348,15 @@ impl IngressShard {
                 tracing::warn!(error = %e, "could not publish read notices");
             }
         }
-        // Delivered positions last: nobody waits for them.
-        if !delivered.is_empty() {
+        // Delivered positions last: nobody waits for them. In bounded statements, each
+        // conversation's positions together.
+        delivered.sort_by(|a, b| (&a.tenant, &a.conv).cmp(&(&b.tenant, &b.conv)));
+        for chunk in delivered.chunks(DELIVERED_CHUNK) {
             loop {
                 if cancel.is_cancelled() || !self.lease.is_valid() {
                     return Ok(false);
                 }
-                match s.delivered.apply(&delivered).await {
+                match s.delivered.apply(chunk).await {
                     Ok(()) => break,
                     Err(e) => {
                         metrics::counter!("herald_mysql_errors_total").increment(1);

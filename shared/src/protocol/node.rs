@@ -126,6 +126,22 @@ impl DeliveredEntry {
             seq: get("seq")?.parse().ok()?,
         })
     }
+
+    /// Many positions as one ingress entry (`k=dlvs`, `p`: a JSON array of `[tenant,
+    /// user, conv, seq]`): a gateway writes one such entry per shard and flush, so the
+    /// streams carry a few entries per flush, not one per member.
+    pub fn batch_to_fields(entries: &[DeliveredEntry]) -> Vec<(&'static str, String)> {
+        let rows: Vec<(&str, &str, &str, u64)> =
+            entries.iter().map(|e| (e.tenant.as_str(), e.user.as_str(), e.conv.as_str(), e.seq)).collect();
+        vec![("k", "dlvs".into()), ("p", serde_json::to_string(&rows).expect("positions serialize"))]
+    }
+
+    fn batch_from_fields(f: &std::collections::HashMap<String, String>) -> Option<Vec<DeliveredEntry>> {
+        let rows: Vec<(String, String, String, u64)> = serde_json::from_str(f.get("p")?).ok()?;
+        let entries: Vec<DeliveredEntry> =
+            rows.into_iter().map(|(tenant, user, conv, seq)| DeliveredEntry { tenant, user, conv, seq }).collect();
+        (!entries.is_empty()).then_some(entries)
+    }
 }
 
 /// Anything a gateway puts into an ingress stream.
@@ -133,7 +149,8 @@ impl DeliveredEntry {
 pub enum IngressRequest {
     Send(IngressEntry),
     Read(ReadEntry),
-    Delivered(DeliveredEntry),
+    /// One position (`k=dlv`, written by gateways before batches) or a batch (`k=dlvs`).
+    Delivered(Vec<DeliveredEntry>),
 }
 
 impl IngressRequest {
@@ -141,7 +158,8 @@ impl IngressRequest {
         match f.get("k").map(String::as_str) {
             None | Some("send") => IngressEntry::from_fields(f).map(IngressRequest::Send),
             Some("read") => ReadEntry::from_fields(f).map(IngressRequest::Read),
-            Some("dlv") => DeliveredEntry::from_fields(f).map(IngressRequest::Delivered),
+            Some("dlv") => DeliveredEntry::from_fields(f).map(|e| IngressRequest::Delivered(vec![e])),
+            Some("dlvs") => DeliveredEntry::batch_from_fields(f).map(IngressRequest::Delivered),
             Some(_) => None,
         }
     }
@@ -284,7 +302,17 @@ mod tests {
         let e = DeliveredEntry { tenant: "t".into(), user: "u".into(), conv: "c".into(), seq: 9 };
         let fields: std::collections::HashMap<String, String> =
             e.to_fields().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        assert_eq!(IngressRequest::from_fields(&fields), Some(IngressRequest::Delivered(e)));
+        assert_eq!(IngressRequest::from_fields(&fields), Some(IngressRequest::Delivered(vec![e.clone()])));
+        let f = DeliveredEntry { tenant: "t2".into(), user: "u \"2\"".into(), conv: "g".into(), seq: 3 };
+        let batch: std::collections::HashMap<String, String> =
+            DeliveredEntry::batch_to_fields(&[e, f.clone()]).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        let Some(IngressRequest::Delivered(read)) = IngressRequest::from_fields(&batch) else { panic!("{batch:?}") };
+        assert_eq!(read[1], f);
+        let mut broken = batch.clone();
+        broken.insert("p".into(), "[[\"t\", \"u\", \"c\"]]".into());
+        assert_eq!(IngressRequest::from_fields(&broken), None, "a row without its seq");
+        broken.insert("p".into(), "[]".into());
+        assert_eq!(IngressRequest::from_fields(&broken), None, "an empty batch");
         let mut other = fields.clone();
         other.insert("k".into(), "later".into());
         assert_eq!(IngressRequest::from_fields(&other), None);
