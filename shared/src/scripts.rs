@@ -57,8 +57,8 @@ macro_rules! scripts {
 }
 
 scripts! {
-    /// Adds committed messages to one user's pending sets (with the cap) and reports
-    /// where each device is connected.
+    /// Adds committed messages to the pending sets (with the cap) of the devices of
+    /// users whose keys share a cluster slot, and reports where each device is connected.
     FANOUT = "fanout";
     /// Records a read position for one user's devices and reports their presence.
     READS_RECORD = "reads_record";

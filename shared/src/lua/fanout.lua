@@ -1,50 +1,62 @@
--- Adds messages to the pending sets of one user's devices and reports where each
--- device is connected. One Redis Cluster slot: every key is the user's.
+-- Adds messages to the pending sets of the devices of one or more users and reports
+-- where each device is connected. Every key must be in one Redis Cluster slot: the
+-- caller groups users by the slot of their keys (on a single Redis, any users).
 -- A set over the cap drops its oldest entries and widens the device's overflow band
 -- ("low high", fixed-width ids) to cover them: the device reads that band from MySQL
 -- before its pending set (the gateway's backlog pager).
 --
--- KEYS: presence, overflow, pending set of device 1..n.
--- ARGV: cap, n, then per device: device id, count, count x (score, member).
--- Returns: device 1, presence of device 1 (or false), ..., for every device.
+-- KEYS: per user: presence, overflow, then the pending set of each of its devices.
+-- ARGV: cap, users, then per user: its number of devices n, then per device:
+--       device id, count, count x (score, member).
+-- Returns: per user, an array: device 1, presence of device 1 (or false), ...
 local cap = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
+local users = tonumber(ARGV[2])
 local pos = 3
-local out = {}
-for i = 1, n do
-  local dev = ARGV[pos]
-  local count = tonumber(ARGV[pos + 1])
-  pos = pos + 2
-  local key = KEYS[i + 2]
-  local j = 0
-  while j < count do
-    local args = {}
-    local chunk = math.min(count - j, 500)
-    for k = 1, chunk do
-      args[#args + 1] = ARGV[pos]
-      args[#args + 1] = ARGV[pos + 1]
-      pos = pos + 2
+local k = 0
+local all = {}
+for u = 1, users do
+  local presence, overflow = KEYS[k + 1], KEYS[k + 2]
+  k = k + 2
+  local n = tonumber(ARGV[pos])
+  pos = pos + 1
+  local out = {}
+  for i = 1, n do
+    local dev = ARGV[pos]
+    local count = tonumber(ARGV[pos + 1])
+    pos = pos + 2
+    k = k + 1
+    local key = KEYS[k]
+    local j = 0
+    while j < count do
+      local args = {}
+      local chunk = math.min(count - j, 500)
+      for c = 1, chunk do
+        args[#args + 1] = ARGV[pos]
+        args[#args + 1] = ARGV[pos + 1]
+        pos = pos + 2
+      end
+      redis.call('ZADD', key, unpack(args))
+      j = j + chunk
     end
-    redis.call('ZADD', key, unpack(args))
-    j = j + chunk
-  end
-  local card = redis.call('ZCARD', key)
-  if card > cap then
-    local dropped = redis.call('ZRANGE', key, 0, card - cap - 1)
-    redis.call('ZREMRANGEBYRANK', key, 0, card - cap - 1)
-    local low, high = dropped[1], dropped[#dropped]
-    local prev = redis.call('HGET', KEYS[2], dev)
-    if prev then
-      local pl, ph = string.match(prev, '^(%d+) (%d+)$')
-      -- A mark of an older version holds only its low end.
-      pl = pl or prev
-      ph = ph or high
-      if pl < low then low = pl end
-      if ph > high then high = ph end
+    local card = redis.call('ZCARD', key)
+    if card > cap then
+      local dropped = redis.call('ZRANGE', key, 0, card - cap - 1)
+      redis.call('ZREMRANGEBYRANK', key, 0, card - cap - 1)
+      local low, high = dropped[1], dropped[#dropped]
+      local prev = redis.call('HGET', overflow, dev)
+      if prev then
+        local pl, ph = string.match(prev, '^(%d+) (%d+)$')
+        -- A mark of an older version holds only its low end.
+        pl = pl or prev
+        ph = ph or high
+        if pl < low then low = pl end
+        if ph > high then high = ph end
+      end
+      redis.call('HSET', overflow, dev, low .. ' ' .. high)
     end
-    redis.call('HSET', KEYS[2], dev, low .. ' ' .. high)
+    out[#out + 1] = dev
+    out[#out + 1] = redis.call('HGET', presence, dev)
   end
-  out[#out + 1] = dev
-  out[#out + 1] = redis.call('HGET', KEYS[1], dev)
+  all[#all + 1] = out
 end
-return out
+return all

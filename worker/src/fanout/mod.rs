@@ -2,7 +2,8 @@
 //!
 //! For each message: its `msg` frame is serialized once and stored at `m:{id}`; every
 //! eligible device of every member (except the sending device) gets the id in its
-//! pending set through one Lua call per user (one slot); the gateways holding online
+//! pending set through a Lua call per group of users sharing a cluster slot (on a
+//! single Redis, every user in one call, cut at 2 048 entries); the gateways holding online
 //! devices get one PUBLISH per node carrying the frames. Two pipelines: the frames and
 //! pending entries, then the PUBLISHes with the markers of the finished outbox events
 //! (only once every pending entry is written). Fan-out is idempotent, so the outbox may
@@ -268,7 +269,7 @@ impl Fanout {
     }
 
     /// Stores frames and pending entries; returns, per user plan, the online devices
-    /// and their nodes.
+    /// and their nodes. The users go in a few script calls (see [`calls`]), not one each.
     async fn write(
         &self,
         client: &Client,
@@ -288,31 +289,39 @@ impl Fanout {
                 )
                 .await?;
         }
-        for ((tenant, user), plan) in plans {
-            let mut keys = vec![self.keys.presence(tenant, user), self.keys.overflow(tenant, user)];
-            let mut args: Vec<Value> = vec![self.pending_cap.to_string().into(), plan.len().to_string().into()];
-            for (device, ids) in plan {
-                keys.push(self.keys.pending(tenant, user, device));
-                args.push(device.as_str().into());
-                args.push(ids.len().to_string().into());
-                for id in ids {
-                    args.push(id.score().into());
-                    args.push(id.member().into());
+        let plans: Vec<(&(String, String), &UserPlan)> = plans.iter().collect();
+        let calls = calls(&self.keys, &plans, client.is_clustered());
+        for call in &calls {
+            let mut keys: Vec<Value> = Vec::new();
+            let mut args: Vec<Value> = vec![self.pending_cap.to_string().into(), call.len().to_string().into()];
+            for &i in call {
+                let ((tenant, user), plan) = plans[i];
+                keys.push(self.keys.presence(tenant, user).into());
+                keys.push(self.keys.overflow(tenant, user).into());
+                args.push(plan.len().to_string().into());
+                for (device, ids) in plan {
+                    keys.push(self.keys.pending(tenant, user, device).into());
+                    args.push(device.as_str().into());
+                    args.push(ids.len().to_string().into());
+                    for id in ids {
+                        args.push(id.score().into());
+                        args.push(id.member().into());
+                    }
                 }
             }
             // EVALSHA through `custom`: pipelines have no Lua interface. The slot is
             // the first key's (offset 2: sha, numkeys, key...).
-            let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-            call.push(scripts::FANOUT.script().sha1().clone().into());
-            call.push((keys.len() as i64).into());
-            call.extend(keys.into_iter().map(Value::from));
-            call.extend(args);
-            let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), call).await?;
+            let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+            command.push(scripts::FANOUT.script().sha1().clone().into());
+            command.push((keys.len() as i64).into());
+            command.extend(keys);
+            command.extend(args);
+            let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), command).await?;
         }
         let results = pipe.try_all::<Value>().await;
         // A pipeline that failed as a whole answers with fewer results than commands:
         // that is a failed fan-out (retried by the outbox), never a partial success.
-        if results.len() != msgs.len() + plans.len() {
+        if results.len() != msgs.len() + calls.len() {
             let first_error = results.into_iter().find_map(Result::err);
             return Err(first_error.unwrap_or_else(|| {
                 fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out pipeline answered short")
@@ -322,21 +331,55 @@ impl Fanout {
         for _ in msgs {
             results.next().transpose()?;
         }
-        let mut online = Vec::with_capacity(plans.len());
-        for r in results {
-            let mut devices = Vec::new();
-            let flat = r?.into_array();
-            for pair in flat.chunks(2) {
-                if let [dev, Value::String(presence)] = pair {
-                    if let (Some(dev), Some(p)) = (dev.as_string(), PresenceValue::parse(presence)) {
-                        devices.push((dev, p.node));
+        let mut online = vec![Vec::new(); plans.len()];
+        for (call, r) in calls.iter().zip(results) {
+            let per_user = r?.into_array();
+            if per_user.len() != call.len() {
+                return Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out script answered short"));
+            }
+            for (&i, user) in call.iter().zip(per_user) {
+                for pair in user.into_array().chunks(2) {
+                    if let [dev, Value::String(presence)] = pair {
+                        if let (Some(dev), Some(p)) = (dev.as_string(), PresenceValue::parse(presence)) {
+                            online[i].push((dev, p.node));
+                        }
                     }
                 }
             }
-            online.push(devices);
         }
         Ok(online)
     }
+}
+
+/// Pending entries per script call at most: a call runs alone in Redis, so a large
+/// fan-out is cut into calls of about this many entries (a few milliseconds each).
+const CALL_ENTRIES: usize = 2_048;
+
+/// The script calls of a fan-out: indexes into `plans`, each call's users sharing a
+/// cluster slot (any users on a single Redis), at most [`CALL_ENTRIES`] pending entries
+/// per call (a user larger than that gets a call of its own). One call per user cost
+/// Redis more than the entries themselves.
+fn calls(keys: &Keys, plans: &[(&(String, String), &UserPlan)], clustered: bool) -> Vec<Vec<usize>> {
+    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (i, ((tenant, user), _)) in plans.iter().enumerate() {
+        let slot = if clustered { fred::util::redis_keyslot(keys.presence(tenant, user).as_bytes()) } else { 0 };
+        by_slot.entry(slot).or_default().push(i);
+    }
+    let mut calls = Vec::new();
+    for users in by_slot.into_values() {
+        let (mut call, mut entries) = (Vec::new(), 0);
+        for i in users {
+            let size: usize = plans[i].1.values().map(Vec::len).sum();
+            if !call.is_empty() && entries + size > CALL_ENTRIES {
+                calls.push(std::mem::take(&mut call));
+                entries = 0;
+            }
+            call.push(i);
+            entries += size;
+        }
+        calls.push(call);
+    }
+    calls
 }
 
 #[cfg(test)]

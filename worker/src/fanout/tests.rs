@@ -74,3 +74,34 @@ async fn commits_fanned_out_together_keep_their_own_recipients() {
     assert!(fanout.is_done(71).await.unwrap() && fanout.is_done(72).await.unwrap());
     assert!(!fanout.is_done(73).await.unwrap());
 }
+
+/// A fan-out's users go in few script calls: all in one on a single Redis, cut where
+/// the entries would pass the limit; on a cluster, only users of one slot together.
+#[test]
+fn users_go_in_calls_by_slot_and_size() {
+    let keys = Keys::new("hd");
+    let plan = |ids: usize| -> UserPlan { [("d1".to_string(), (0..ids as u64).map(MsgId).collect())].into() };
+    let users: Vec<((String, String), UserPlan)> = (0..300)
+        .map(|i| (("t".to_string(), format!("u{i}")), plan(if i == 7 { CALL_ENTRIES + 5 } else { 10 })))
+        .collect();
+    let plans: Vec<(&(String, String), &UserPlan)> = users.iter().map(|(k, p)| (k, p)).collect();
+    let entries = |call: &Vec<usize>| -> usize { call.iter().map(|&i| plans[i].1["d1"].len()).sum() };
+
+    let single = calls(&keys, &plans, false);
+    let mut seen: Vec<usize> = single.iter().flatten().copied().collect();
+    seen.sort();
+    assert_eq!(seen, (0..300).collect::<Vec<_>>(), "every user in exactly one call");
+    assert!(single.iter().any(|c| c == &vec![7]), "the user over the limit alone: {single:?}");
+    assert!(single.iter().filter(|c| c != &&vec![7]).all(|c| entries(c) <= CALL_ENTRIES));
+    assert!(single.len() <= 4, "{} calls for 300 users", single.len());
+
+    let clustered = calls(&keys, &plans, true);
+    assert_eq!(clustered.iter().map(Vec::len).sum::<usize>(), 300);
+    for call in &clustered {
+        let slots: std::collections::BTreeSet<u16> = call
+            .iter()
+            .map(|&i| fred::util::redis_keyslot(keys.presence(&plans[i].0 .0, &plans[i].0 .1).as_bytes()))
+            .collect();
+        assert_eq!(slots.len(), 1, "one slot per call: {call:?}");
+    }
+}
