@@ -16,6 +16,10 @@
 #   SCENARIOS=failover scripts/capacity.sh  # 10 000 devices on gw-1, which is SIGKILLed under
 #       # traffic and not restarted until the devices have moved to gw-2 and caught up
 #       # (FAILOVER_ARGS for options); not in the default list, as it takes gw-1 down
+#   SCENARIOS=sessions scripts/capacity.sh  # 50 000 sessions across three gateways (gw-3
+#       # started for it), a third per load-test process, held 30 s, then one message into
+#       # every group (SESSIONS_ARGS for options); not in the report: its runs are in
+#       # $OUT/sessions-gw-1..3
 #   HD_BIN=target/debug ...             # binaries already built (no release build)
 #   PROFILE=gateway scripts/capacity.sh # perf profile of gw-1 in the middle of `steady`:
 #                                       # its top frames in $OUT/profile/steady-gateway.txt
@@ -28,6 +32,7 @@ set -euo pipefail
 export HD_DATABASE=${HD_DATABASE:-herald_capacity}
 export HD_GW1_PORT=${HD_GW1_PORT:-8180} HD_GW2_PORT=${HD_GW2_PORT:-8181}
 export HD_GW1_ADMIN=${HD_GW1_ADMIN:-9190} HD_WK1_ADMIN=${HD_WK1_ADMIN:-9191} HD_GW2_ADMIN=${HD_GW2_ADMIN:-9192}
+export HD_GW3_PORT=${HD_GW3_PORT:-8182} HD_GW3_ADMIN=${HD_GW3_ADMIN:-9193}
 export HD_STATE_DIR=${HD_STATE_DIR:-"$(cd "$(dirname "$0")/.." && pwd)/run/capacity"}
 source "$(dirname "$0")/cluster.sh"
 ensure_mariadb
@@ -79,7 +84,7 @@ redis-cli -h 127.0.0.1 -p 6379 --scan --pattern "$HERALD_REDIS_KEY_PREFIX:*" | x
 "$HD_BIN/herald-worker" migrate
 
 stop() {
-  for n in gw-1 gw-2 wk-1; do [ -f "$HD_PIDS/$n.pid" ] && kill "$(node_pid $n)" 2>/dev/null || true; done
+  for n in gw-1 gw-2 gw-3 wk-1; do [ -f "$HD_PIDS/$n.pid" ] && kill "$(node_pid $n)" 2>/dev/null || true; done
 }
 trap stop EXIT INT TERM
 for n in wk-1 gw-1 gw-2; do start_node $n; done
@@ -93,6 +98,7 @@ if [ "$SCALE" = quick ]; then
   CHAOS="--conversations 100 --rate 300 --duration 24"
   FAILOVER="--devices 1000 --group 50 --rate 20 --baseline 3"
   SOAK="--conversations 100 --rate 100 --duration 300 --warmup 150"
+  SESSIONS="--connections 6000 --hold 5 --connect-rate 2000"
 else
   STEADY="--conversations 200 --rate 5000 --duration 30"
   FANOUT="--receivers 4000 --group 200 --rate 0 --duration 30"
@@ -105,11 +111,14 @@ else
   # Past the warm-up, devices gone are expired as fast as they go (120 s after they were
   # last seen), so what they held stops adding up.
   SOAK="--conversations 300 --rate 300 --duration 600 --warmup 150"
+  # 50 000 sessions across the three gateways (a process may hold 20 000 open files here),
+  # each third opened by its own load-test process.
+  SESSIONS="--connections 50000 --hold 30 --connect-rate 3000"
 fi
 # Any scenario's options can be replaced: STORM="--devices 1000 --backlog 50" scripts/capacity.sh
 STEADY=${STEADY_ARGS:-$STEADY} FANOUT=${FANOUT_ARGS:-$FANOUT} STORM=${STORM_ARGS:-$STORM}
 IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS} SOAK=${SOAK_ARGS:-$SOAK}
-FAILOVER=${FAILOVER_ARGS:-$FAILOVER}
+FAILOVER=${FAILOVER_ARGS:-$FAILOVER} SESSIONS=${SESSIONS_ARGS:-$SESSIONS}
 gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
 # Every scenario reads each process's CPU (its admin /metrics; Redis's INFO) before and
 # after its send window, for the CPU per message of its report.
@@ -136,6 +145,42 @@ if [ -n "$PROFILE" ]; then
   profile=(--action "$PROFILE_AT=scripts/profile.sh $PROFILE ${profile_pid[*]} --seconds $PROFILE_SECONDS --top ${PROFILE_TOP:-25} --out $OUT/profile --label $PROFILE_SCENARIO")
   log "profiling $PROFILE for $PROFILE_SECONDS s, $PROFILE_AT s into $PROFILE_SCENARIO's sending"
 fi
+# sessions_run ARGS: the `sessions` scenario (see the case below).
+sessions_run() {
+  local args=$1 total per rate pids=() n ok=0
+  total=$(sed -nE 's/.*--connections[ =]([0-9]+).*/\1/p' <<< "$args")
+  rate=$(sed -nE 's/.*--connect-rate[ =]([0-9.]+).*/\1/p' <<< "$args")
+  [ -n "$total" ] || { log "sessions: --connections is required"; return 2; }
+  per=$(( (total + 2) / 3 ))
+  args=$(sed -E 's/--connections[ =][0-9]+//; s/--connect-rate[ =][0-9.]+//' <<< "$args")
+  [ -f "$HD_PIDS/gw-3.pid" ] && kill -0 "$(node_pid gw-3)" 2>/dev/null || { start_node gw-3; wait_ready gw-3; }
+  for n in 1 2 3; do
+    local port_var=HD_GW${n}_PORT
+    mkdir -p "$OUT/sessions-gw-$n"
+    # shellcheck disable=SC2086
+    "$HD_BIN/herald-loadtest" idle $args --connections "$per" --connect-rate "$(awk -v r="${rate:-3000}" 'BEGIN { print r / 3 }')" \
+      --gateways "http://127.0.0.1:${!port_var}" --gateway-pid "$(node_pid gw-$n)" \
+      --out "$OUT/sessions-gw-$n" > "$OUT/sessions-gw-$n/run.log" 2>&1 &
+    pids+=($!)
+    sleep 0.05 # each process names its users after the millisecond it started
+  done
+  for n in 1 2 3; do
+    if wait "${pids[$((n - 1))]}"; then ok=$((ok + 1)); else log "sessions: the third on gw-$n failed (see $OUT/sessions-gw-$n/run.log)"; fi
+  done
+  python3 - "$OUT" <<'PY'
+import json, sys
+rows = [json.load(open(f"{sys.argv[1]}/sessions-gw-{n}/idle.json")) for n in (1, 2, 3)]
+held = sum(r["extra"]["online_after_hold"] for r in rows)
+kib = [round(r["extra"]["rss_kib_per_connection"], 1) for r in rows]
+up = [round(r["extra"]["open_s"], 1) for r in rows]
+lost = sum(r["extra"]["sessions_lost_during_hold"] for r in rows)
+integrity = [(r["integrity"]["lost"], r["integrity"]["shown_twice"], r["integrity"]["out_of_order"]) for r in rows]
+print(f"sessions: {held} online after the hold across 3 gateways (up in {up} s), "
+      f"{lost} lost while idle, gateway RSS per session {kib} KiB, integrity {integrity}")
+PY
+  [ "$ok" = 3 ]
+}
+
 # extra_for SCENARIO: the scenario's extra options (the profiler's --action, if it is the one).
 extra_for() { extra=(); if [ "$1" = "$PROFILE_SCENARIO" ]; then extra=("${profile[@]}"); fi; }
 mkdir -p "$OUT"
@@ -161,6 +206,12 @@ for s in $SCENARIOS; do
       # again afterwards for the scenarios that follow
       fo=0; lt failover $FAILOVER --kill "scripts/node.sh kill gw-1" || fo=$?
       scripts/node.sh start gw-1 && [ "$fo" = 0 ] ;;
+    sessions)
+      # --connections in total, a third on each of gw-1, gw-2 and gw-3 (started for
+      # this), each third opened and held by its own `idle` process (so no process holds
+      # more sockets than it may); one message into every group then checks that every
+      # session still delivers. Each third's report is $OUT/sessions-gw-N/idle.*.
+      sessions_run "$SESSIONS" ;;
     soak)
       # samples this cluster: its Redis prefix, its database and every process's /metrics
       lt soak --redis-prefix "$HERALD_REDIS_KEY_PREFIX" --mysql-url "$HERALD_MYSQL_URL" $SOAK ;;
@@ -169,6 +220,10 @@ for s in $SCENARIOS; do
 done
 
 machine="$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), $(date -u +%Y-%m-%d)"
-"$HD_BIN/herald-loadtest" report --dir "$OUT" --out "$REPORT" --machine "$machine"
-log "capacity report: $REPORT"
+if compgen -G "$OUT/*.json" >/dev/null; then
+  "$HD_BIN/herald-loadtest" report --dir "$OUT" --out "$REPORT" --machine "$machine"
+  log "capacity report: $REPORT"
+else
+  log "no capacity report: no scenario of the report ran (sessions' reports are in $OUT/sessions-gw-*)"
+fi
 if [ -n "$failed" ]; then log "integrity check, bounded-state check or run FAILED in:$failed"; exit 1; fi

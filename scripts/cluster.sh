@@ -14,6 +14,9 @@ HD_GW2_PORT=${HD_GW2_PORT:-8081}
 HD_GW1_ADMIN=${HD_GW1_ADMIN:-9090}
 HD_WK1_ADMIN=${HD_WK1_ADMIN:-9091}
 HD_GW2_ADMIN=${HD_GW2_ADMIN:-9092}
+# A third gateway, started only by what needs one (capacity.sh's `sessions`).
+HD_GW3_PORT=${HD_GW3_PORT:-8082}
+HD_GW3_ADMIN=${HD_GW3_ADMIN:-9093}
 HD_LOGS="$HD_STATE_DIR/logs"
 HD_PIDS="$HD_STATE_DIR/pids"
 mkdir -p "$HD_LOGS" "$HD_PIDS"
@@ -34,11 +37,12 @@ admin_port() {
     wk-1) echo "$HD_WK1_ADMIN" ;;
     gw-1) echo "$HD_GW1_ADMIN" ;;
     gw-2) echo "$HD_GW2_ADMIN" ;;
-    *) log "unknown node $1 (wk-1, gw-1, gw-2)"; return 2 ;;
+    gw-3) echo "$HD_GW3_ADMIN" ;;
+    *) log "unknown node $1 (wk-1, gw-1, gw-2, gw-3)"; return 2 ;;
   esac
 }
 
-# start_node NAME: starts wk-1, gw-1 or gw-2 in the background; its pid goes to
+# start_node NAME: starts wk-1, gw-1, gw-2 or gw-3 in the background; its pid goes to
 # $HD_PIDS/NAME.pid and its log to $HD_LOGS/NAME.log.
 start_node() {
   local name=$1 admin
@@ -47,6 +51,7 @@ start_node() {
     wk-1) HERALD_NODE_ID=wk-1 HERALD_ADMIN_LISTEN=127.0.0.1:$admin "$HD_BIN/herald-worker" >>"$HD_LOGS/$name.log" 2>&1 & ;;
     gw-1) HERALD_NODE_ID=gw-1 HERALD_LISTEN=127.0.0.1:$HD_GW1_PORT HERALD_ADMIN_LISTEN=127.0.0.1:$admin "$HD_BIN/herald-gateway" >>"$HD_LOGS/$name.log" 2>&1 & ;;
     gw-2) HERALD_NODE_ID=gw-2 HERALD_LISTEN=127.0.0.1:$HD_GW2_PORT HERALD_ADMIN_LISTEN=127.0.0.1:$admin "$HD_BIN/herald-gateway" >>"$HD_LOGS/$name.log" 2>&1 & ;;
+    gw-3) HERALD_NODE_ID=gw-3 HERALD_LISTEN=127.0.0.1:$HD_GW3_PORT HERALD_ADMIN_LISTEN=127.0.0.1:$admin "$HD_BIN/herald-gateway" >>"$HD_LOGS/$name.log" 2>&1 & ;;
   esac
   echo $! > "$HD_PIDS/$name.pid"
 }
