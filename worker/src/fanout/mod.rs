@@ -190,7 +190,8 @@ impl Fanout {
                 for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
                     let is_sender_device = r.user == m.sender && r.device == m.sender_device;
                     if r.receives(m.seq) && !is_sender_device {
-                        if r.push && self.push.is_some() {
+                        // Nobody is notified of their own messages (sent from another device).
+                        if r.push && r.user != m.sender && self.push.is_some() {
                             push.push(PushCandidate {
                                 tenant: m.tenant.clone(),
                                 user: r.user.clone(),
