@@ -84,6 +84,11 @@ async fn take(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> Sta
 
 /// A cluster whose tenant's notifications go to `hook`, with quick retries.
 async fn cluster(name: &str, hook: SocketAddr) -> Cluster {
+    cluster_with(name, hook, &[]).await
+}
+
+/// [`cluster`] with settings of its own for the worker.
+async fn cluster_with(name: &str, hook: SocketAddr, worker: &[(&str, &str)]) -> Cluster {
     let mut c = Cluster::new(name);
     c.set("HERALD_PUSH__TENANT_WEBHOOKS", &format!("{TENANT}=http://{hook}/hook"))
         .set("HERALD_PUSH__WEBHOOK_SECRET", PUSH_SECRET)
@@ -92,7 +97,7 @@ async fn cluster(name: &str, hook: SocketAddr) -> Cluster {
         .set("HERALD_PUSH__POLL_MS", "100")
         .set("HERALD_PUSH__BACKOFF_MS", "300")
         .set("HERALD_PUSH__MAX_ATTEMPTS", "2");
-    c.start_worker(&[]).await;
+    c.start_worker(worker).await;
     c.start_gateway(&[]).await;
     c
 }
@@ -247,6 +252,27 @@ async fn a_failing_webhook_is_retried_with_backoff_and_dead_lettered() {
         hook.of("down").iter().any(|h| h.answered == 200).then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_comes_online_stops_the_retries() {
+    let (hook, addr) = Receiver::start(&[("ab", &[500; 10])]).await;
+    let c = cluster_with("push-online", addr, &[("HERALD_PUSH__BACKOFF_MS", "3000")]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "b1").register_push("apns", "bob-token").await.unwrap();
+    alice.send("m1", "ab", &json!({"text": "are you there"})).await.unwrap();
+    eventually(Duration::from_secs(15), "the first attempt", || async { hook.hits().first().cloned() }).await;
+
+    // Bob comes online before the retry is due and acks: the retry is dropped.
+    let b1 = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    eventually(Duration::from_secs(10), "b1 gets m1", || async { (b1.ids().len() == 1).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_millis(3_000 + 1_500)).await;
+    assert_eq!(hook.hits().len(), 1, "no retry once the device acked: {:?}", hook.hits());
+    let db = c.db().await;
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM push_notifications").fetch_one(&db).await.unwrap();
+    assert_eq!(left, 0, "the notification is gone, not DEAD");
+    b1.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
