@@ -276,6 +276,28 @@ async fn a_device_that_comes_online_stops_the_retries() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_while_a_notification_waits_for_its_retry_joins_it() {
+    let (hook, addr) = Receiver::start(&[("ab", &[500])]).await;
+    let c = cluster_with("push-join", addr, &[("HERALD_PUSH__BACKOFF_MS", "3000")]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "b1").register_push("fcm", "bob-token").await.unwrap();
+    alice.send("m1", "ab", &json!({"text": "first"})).await.unwrap();
+    eventually(Duration::from_secs(15), "the first attempt", || async { hook.hits().first().cloned() }).await;
+
+    // The retry is 3 s away; the second message waits its 1 s and joins the row.
+    let second = alice.send("m2", "ab", &json!({"text": "second"})).await.unwrap();
+    let retry = eventually(Duration::from_secs(15), "the retry", || async { hook.hits().get(1).cloned() }).await;
+    assert_eq!(retry.answered, 200);
+    assert_eq!((retry.body["count"].clone(), retry.body["attempt"].clone()), (json!(2), json!(2)), "{}", retry.body);
+    assert_eq!(retry.body["msg_id"], json!(second.id.to_string()), "names the latest message");
+    assert_eq!(retry.body["preview"]["text"], "second");
+    assert_eq!(retry.body["id"], hook.hits()[0].body["id"], "the same notification");
+    settle().await;
+    assert_eq!(hook.hits().len(), 2, "one notification for both: {:?}", hook.hits());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_registration_refuses_bad_input_with_the_protocols_codes() {
     let (_hook, addr) = Receiver::start(&[]).await;
     let c = cluster("push-register", addr).await;
