@@ -295,6 +295,13 @@ async fn a_message_while_a_notification_waits_for_its_retry_joins_it() {
     assert_eq!(retry.body["id"], hook.hits()[0].body["id"], "the same notification");
     settle().await;
     assert_eq!(hook.hits().len(), 2, "one notification for both: {:?}", hook.hits());
+
+    // Delivered: the next message is a new notification, with an id of its own.
+    alice.send("m3", "ab", &json!({"text": "third"})).await.unwrap();
+    let next =
+        eventually(Duration::from_secs(15), "the next notification", || async { hook.hits().get(2).cloned() }).await;
+    assert_eq!((next.body["count"].clone(), next.body["attempt"].clone()), (json!(1), json!(1)), "{}", next.body);
+    assert_ne!(next.body["id"], retry.body["id"], "a receiver deduplicating by id must not drop it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

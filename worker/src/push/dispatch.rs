@@ -132,7 +132,7 @@ impl PushDispatcher {
     async fn post(&self, c: &Claimed, r: &Registration, badge: u64, body: Option<&str>) -> Result<(), String> {
         let url = self.webhooks.url(&c.tenant).ok_or("the tenant has no webhook")?;
         let n = Notification {
-            id: c.row,
+            id: c.key(),
             attempt: c.failures + 1,
             tenant: &c.tenant,
             user: &c.user,

@@ -32,6 +32,16 @@ pub struct Claimed {
     pub msg: Collapsed,
     /// Failed attempts so far.
     pub failures: u32,
+    /// When this notification began (a delivered row that starts over begins again).
+    pub created_at: i64,
+}
+
+impl Claimed {
+    /// The notification's id as the webhook sees it: the same over its retries, a new
+    /// one for the next notification of the same device and conversation.
+    pub fn key(&self) -> String {
+        format!("{}-{}", self.row, self.created_at)
+    }
 }
 
 /// A row as the admin API shows it.
@@ -112,7 +122,7 @@ impl PushStore {
         let now = now_ms() as i64;
         let mut tx = self.db.begin().await?;
         let rows = sqlx::query(
-            "SELECT id, tenant_id, user_id, device_id, conv_id, msg_id, sender_id, count, retry_count \
+            "SELECT id, tenant_id, user_id, device_id, conv_id, msg_id, sender_id, count, retry_count, created_at \
              FROM push_notifications \
              WHERE (status IN ('PENDING', 'FAILED') AND next_retry_at <= ?) OR (status = 'SENDING' AND claimed_at < ?) \
              ORDER BY next_retry_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
@@ -333,6 +343,7 @@ fn claimed(r: &MySqlRow) -> Result<Claimed, sqlx::Error> {
         conv: r.text(4)?,
         msg: Collapsed { id: MsgId(r.try_get::<u64, _>(5)?), sender: r.text(6)?, count: r.try_get(7)? },
         failures: r.try_get(8)?,
+        created_at: r.try_get(9)?,
     })
 }
 

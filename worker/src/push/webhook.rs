@@ -41,8 +41,9 @@ impl Preview {
 /// The webhook's body.
 #[derive(Debug, Serialize)]
 pub struct Notification<'a> {
-    /// The notification's id: the same across its retries (deduplicate by it).
-    pub id: u64,
+    /// The notification's id: the same across its retries (deduplicate by it), a new
+    /// one for the next notification of the device and conversation.
+    pub id: String,
     /// 1 for the first try.
     pub attempt: u32,
     pub tenant: &'a str,
