@@ -17,7 +17,8 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 
 const PUSH_SECRET: &str = "push-secret-0123456789";
-const DELAY_MS: u64 = 1_000;
+/// Long enough that a loaded machine sends three messages, or reconnects a device, within it.
+const DELAY_MS: u64 = 2_000;
 
 /// One request the receiver took.
 #[derive(Clone, Debug)]
@@ -257,7 +258,7 @@ async fn a_failing_webhook_is_retried_with_backoff_and_dead_lettered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_comes_online_stops_the_retries() {
     let (hook, addr) = Receiver::start(&[("ab", &[500; 10])]).await;
-    let c = cluster_with("push-online", addr, &[("HERALD_PUSH__BACKOFF_MS", "3000")]).await;
+    let c = cluster_with("push-online", addr, &[("HERALD_PUSH__BACKOFF_MS", "5000")]).await;
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "b1").register_push("apns", "bob-token").await.unwrap();
@@ -267,7 +268,7 @@ async fn a_device_that_comes_online_stops_the_retries() {
     // Bob comes online before the retry is due and acks: the retry is dropped.
     let b1 = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
     eventually(Duration::from_secs(10), "b1 gets m1", || async { (b1.ids().len() == 1).then_some(()) }).await;
-    tokio::time::sleep(Duration::from_millis(3_000 + 1_500)).await;
+    tokio::time::sleep(Duration::from_millis(5_000 + 1_500)).await;
     assert_eq!(hook.hits().len(), 1, "no retry once the device acked: {:?}", hook.hits());
     let db = c.db().await;
     let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM push_notifications").fetch_one(&db).await.unwrap();
@@ -278,14 +279,14 @@ async fn a_device_that_comes_online_stops_the_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_while_a_notification_waits_for_its_retry_joins_it() {
     let (hook, addr) = Receiver::start(&[("ab", &[500])]).await;
-    let c = cluster_with("push-join", addr, &[("HERALD_PUSH__BACKOFF_MS", "3000")]).await;
+    let c = cluster_with("push-join", addr, &[("HERALD_PUSH__BACKOFF_MS", "5000")]).await;
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     c.client(0, "bob", "b1").register_push("fcm", "bob-token").await.unwrap();
     alice.send("m1", "ab", &json!({"text": "first"})).await.unwrap();
     eventually(Duration::from_secs(15), "the first attempt", || async { hook.hits().first().cloned() }).await;
 
-    // The retry is 3 s away; the second message waits its 1 s and joins the row.
+    // The retry is 5 s away; the second message waits its 2 s and joins the row.
     let second = alice.send("m2", "ab", &json!({"text": "second"})).await.unwrap();
     let retry = eventually(Duration::from_secs(15), "the retry", || async { hook.hits().get(1).cloned() }).await;
     assert_eq!(retry.answered, 200);
