@@ -48,7 +48,7 @@ LAYERS = {
     ],
     "worker": [
         ["lease", "batch", "projections", "janitor"],
-        ["commit", "fanout", "reads", "delivered"],
+        ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer"],
         ["context"],
         ["group"],

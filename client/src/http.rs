@@ -70,6 +70,27 @@ impl HttpClient {
         Ok(self.call(self.http.post(format!("{}/v1/devices", self.base)).json(&json!({}))).await?.1)
     }
 
+    /// Registers (or replaces) this device's push token (docs/protocol.md section 2.12).
+    pub async fn register_push(&self, platform: &str, token: &str) -> Result<Value, ClientError> {
+        let body = json!({"platform": platform, "token": token});
+        Ok(self.call(self.http.put(format!("{}/v1/devices/me/push", self.base)).json(&body)).await?.1)
+    }
+
+    /// Removes this device's push token: no more push notifications.
+    pub async fn unregister_push(&self) -> Result<(), ClientError> {
+        let resp =
+            self.http.delete(format!("{}/v1/devices/me/push", self.base)).bearer_auth(&self.token).send().await?;
+        let status = resp.status().as_u16();
+        if status == 204 {
+            return Ok(());
+        }
+        let bytes = resp.bytes().await?;
+        match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(e) => Err(ClientError::Api { status, code: e.error.code, message: e.error.message }),
+            Err(_) => Err(ClientError::Unexpected { status, body: String::from_utf8_lossy(&bytes).into() }),
+        }
+    }
+
     /// Creates a conversation; returns the status (201 or 200) and the conversation.
     pub async fn create_conversation(
         &self,

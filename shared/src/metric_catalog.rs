@@ -168,6 +168,19 @@ pub const METRICS: &[Metric] = &[
     counter("herald_delivered_positions_total", "Delivered positions moved forward in MySQL."),
     counter("herald_status_pushes_total", "Delivery status pushes published to gateway nodes."),
     counter("herald_status_errors_total", "Delivered positions committed whose senders' status could not be pushed."),
+    // Worker: offline push.
+    gauge("herald_push_waiting", "Collapsed notifications waiting out push.delay_ms in this worker."),
+    counter(
+        "herald_push_dropped_total",
+        "Messages given no push notification: push.max_waiting were already waiting, or the hand-off queue was full.",
+    ),
+    counter(
+        "herald_push_quiet_total",
+        "Notifications not sent because the device acked the message (it was or came online) or has no push token.",
+    ),
+    counter("herald_push_notifications_total", "Webhook attempts, by outcome (sent, failed, dead)."),
+    histogram("herald_push_webhook_seconds", "Time from a webhook request to its answer (or its failure)."),
+    counter("herald_push_errors_total", "Push rounds that failed on MySQL or Redis, by stage (schedule, dispatch)."),
     // Worker: janitor.
     counter("herald_devices_expired_total", "Devices expired for inactivity."),
     counter("herald_devices_forgotten_total", "Expired devices deleted for good."),

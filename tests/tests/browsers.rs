@@ -67,7 +67,7 @@ async fn cors_answers_the_configured_origins_only() {
     assert!(r.status().is_success(), "preflight: {}", r.status());
     assert_eq!(header(&r, "access-control-allow-origin").as_deref(), Some(PAGE));
     let methods = header(&r, "access-control-allow-methods").unwrap().to_lowercase();
-    assert!(["get", "post", "delete"].iter().all(|m| methods.contains(m)), "{methods}");
+    assert!(["get", "post", "put", "delete"].iter().all(|m| methods.contains(m)), "{methods}");
     let headers = header(&r, "access-control-allow-headers").unwrap().to_lowercase();
     assert!(headers.contains("authorization") && headers.contains("content-type"), "{headers}");
     assert_eq!(header(&r, "access-control-allow-credentials"), None, "no cookies: the token is a header");

@@ -1,4 +1,5 @@
-//! The worker's admin API (bearer token): outbox DEAD events list, retry, discard.
+//! The worker's admin API (bearer token): outbox DEAD events list, retry, discard; push
+//! notifications list and retry.
 
 use std::sync::Arc;
 
@@ -21,6 +22,8 @@ pub fn router(shared: Arc<WorkerContext>, metrics: PrometheusHandle, ready: Read
         .route("/admin/outbox/{id}", get(show))
         .route("/admin/outbox/{id}/retry", post(retry))
         .route("/admin/outbox/{id}/discard", post(discard))
+        .route("/admin/push", get(push_list))
+        .route("/admin/push/{id}/retry", post(push_retry))
         .route("/admin/messages/{id}/trace", get(message_trace))
         .route("/admin/devices/{tenant}/{user}/{device}", get(device_state))
         .layer(middleware::from_fn_with_state(token, require_admin_token))
@@ -46,6 +49,25 @@ async fn list(State(s): State<Arc<WorkerContext>>, Query(q): Query<ListQuery>) -
     }
     match s.outbox.list(&status, q.limit.unwrap_or(100).clamp(1, 1000)).await {
         Ok(items) => Json(serde_json::json!({ "items": items })).into_response(),
+        Err(e) => db_error(e),
+    }
+}
+
+async fn push_list(State(s): State<Arc<WorkerContext>>, Query(q): Query<ListQuery>) -> Response {
+    let status = q.status.unwrap_or_else(|| "DEAD".into()).to_ascii_uppercase();
+    if !["PENDING", "SENDING", "SENT", "FAILED", "DEAD"].contains(&status.as_str()) {
+        return error_response(ErrorCode::BadRequest, "status must be one of PENDING, SENDING, SENT, FAILED, DEAD");
+    }
+    match s.push.list(&status, q.limit.unwrap_or(100).clamp(1, 1000)).await {
+        Ok(items) => Json(serde_json::json!({ "items": items })).into_response(),
+        Err(e) => db_error(e),
+    }
+}
+
+async fn push_retry(State(s): State<Arc<WorkerContext>>, Path(id): Path<u64>) -> Response {
+    match s.push.retry(id).await {
+        Ok(true) => Json(serde_json::json!({ "id": id, "status": "PENDING" })).into_response(),
+        Ok(false) => error_response(ErrorCode::Conflict, "only DEAD notifications can be retried"),
         Err(e) => db_error(e),
     }
 }

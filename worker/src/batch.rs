@@ -30,6 +30,20 @@ pub struct Recipient {
     pub joined_seq: u64,
     pub left_seq: Option<u64>,
     pub device: String,
+    /// The device has a push token (offline push hands its unacked messages on).
+    pub push: bool,
+}
+
+/// A message for a device with a push token, handed from the fan-out to the push
+/// scheduler, which waits `push.delay_ms` for its ack.
+#[derive(Clone, Debug)]
+pub struct PushCandidate {
+    pub tenant: String,
+    pub user: String,
+    pub device: String,
+    pub conv: String,
+    pub id: MsgId,
+    pub sender: String,
 }
 
 impl Recipient {
@@ -94,6 +108,7 @@ mod tests {
             joined_seq,
             left_seq,
             device: "d".into(),
+            push: false,
         };
         assert!(!r(3, None).receives(3) && r(3, None).receives(4));
         assert!(r(3, Some(5)).receives(5) && !r(3, Some(5)).receives(6));

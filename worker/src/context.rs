@@ -12,6 +12,7 @@ use crate::delivered::DeliveredPositions;
 use crate::fanout::Fanout;
 use crate::lease::IdSource;
 use crate::outbox::Outbox;
+use crate::push::PushStore;
 use crate::reads::ReadReceipts;
 
 /// What every task of the worker shares.
@@ -27,6 +28,8 @@ pub struct WorkerContext {
     pub outbox: Arc<Outbox>,
     pub reads: ReadReceipts,
     pub delivered: DeliveredPositions,
+    /// Offline push notifications (the admin API lists them).
+    pub push: Arc<PushStore>,
     /// Outbox events dispatched right after commit, to be marked SENT in batches.
     pub sent_marks: tokio::sync::mpsc::Sender<u64>,
     /// The last lease round succeeded (Redis reachable, ids leased).

@@ -10,7 +10,8 @@
 //!   batch in byte-bounded chunks, poison entries isolated), [`fanout`] (pending sets,
 //!   frames and node publishes), [`outbox`] (the transactional outbox and its
 //!   dispatcher), [`reads`] (read receipts and their `read` frames), [`delivered`]
-//!   (delivered positions and the senders' `delivered` frames).
+//!   (delivered positions and the senders' `delivered` frames), [`push`] (offline
+//!   push: unacked messages handed to the tenant's webhook).
 //! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
 //!   consumer; [`trace`]: operators' views; [`admin`]: the admin API;
 //!   [`janitor`]: expired devices, message retention, stale stream consumers.
@@ -28,6 +29,7 @@ pub mod janitor;
 pub mod lease;
 pub mod outbox;
 pub mod projections;
+pub mod push;
 pub mod reads;
 pub mod trace;
 
@@ -87,17 +89,28 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     )?;
     let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
     let keys = Keys::new(cfg.redis_key_prefix.clone());
-    let fanout = Arc::new(
-        Fanout::new(
-            db.clone(),
-            redis.clone(),
-            keys.clone(),
-            cfg.worker.message_ttl_s,
-            cfg.delivery.pending_cap,
-            cfg.outbox.retry_window_ms(),
-        )
-        .with_device_ttl(cfg.delivery.device_ttl_s * 1000),
-    );
+    let mut fanout = Fanout::new(
+        db.clone(),
+        redis.clone(),
+        keys.clone(),
+        cfg.worker.message_ttl_s,
+        cfg.delivery.pending_cap,
+        cfg.outbox.retry_window_ms(),
+    )
+    .with_device_ttl(cfg.delivery.device_ttl_s * 1000);
+    // Sized for a few seconds of fan-outs; when full, their messages get no notification.
+    let (push_queue, push_rx) = tokio::sync::mpsc::channel(1_024);
+    if cfg.push.enabled() {
+        fanout = fanout.with_push(push_queue);
+    }
+    let fanout = Arc::new(fanout);
+    let push_store = Arc::new(push::PushStore {
+        db: db.clone(),
+        backoff_ms: cfg.push.backoff_ms.clone(),
+        max_attempts: cfg.push.max_attempts,
+        claim_batch: cfg.push.claim_batch,
+        sending_stale_ms: push_sending_stale_ms(&cfg.push),
+    });
     let outbox = Arc::new(Outbox::new(db.clone(), cfg.outbox.clone()));
     // Sized for a few seconds of batches; when full, events stay PENDING for the dispatcher.
     let (sent_marks, sent_rx) = tokio::sync::mpsc::channel(10_000);
@@ -127,6 +140,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         outbox: outbox.clone(),
         reads: read_receipts,
         delivered,
+        push: push_store.clone(),
         sent_marks,
         balancer_ok: AtomicBool::new(false),
     });
@@ -154,6 +168,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         linger: Duration::from_millis(shared.cfg.outbox.sent_mark_linger_ms),
     };
     process.spawn_supervised("sent_marker", Criticality::Background, move |c| marker.clone().run(c));
+    if shared.cfg.push.enabled() {
+        spawn_push(&process, &shared, push_store, push_rx);
+    }
     let janitor = janitor::Janitor {
         db: shared.db.clone(),
         redis: shared.redis.clone(),
@@ -177,6 +194,50 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         tracing::warn!("tasks did not stop within 20 s");
     }
     Ok(())
+}
+
+/// Starts the push scheduler and dispatcher.
+fn spawn_push(
+    process: &Process,
+    shared: &Arc<WorkerContext>,
+    store: Arc<push::PushStore>,
+    rx: tokio::sync::mpsc::Receiver<Vec<batch::PushCandidate>>,
+) {
+    let cfg = &shared.cfg.push;
+    let webhooks = Arc::new(push::Webhooks::new(cfg));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let scheduler = push::PushScheduler {
+        rx: Arc::new(tokio::sync::Mutex::new(rx)),
+        redis: shared.redis.clone(),
+        keys: shared.keys.clone(),
+        store: store.clone(),
+        webhooks: webhooks.clone(),
+        delay: Duration::from_millis(cfg.delay_ms),
+        max_waiting: cfg.max_waiting,
+        dispatcher: wake.clone(),
+    };
+    process.spawn_supervised("push_scheduler", Criticality::Background, move |c| scheduler.clone().run(c));
+    let dispatcher = push::PushDispatcher {
+        store,
+        redis: shared.redis.clone(),
+        keys: shared.keys.clone(),
+        webhooks,
+        client: push::webhook::WebhookClient::new(
+            cfg.webhook_secret.0.as_bytes(),
+            Duration::from_millis(cfg.timeout_ms),
+        ),
+        poll: Duration::from_millis(cfg.poll_ms),
+        sent_retention_ms: cfg.sent_retention_s * 1000,
+        wake,
+    };
+    process.spawn_supervised("push_dispatcher", Criticality::Background, move |c| dispatcher.clone().run(c));
+}
+
+/// A SENDING notification is taken again once its dispatch round must have ended: every
+/// wave of webhook calls timed out, plus a margin.
+fn push_sending_stale_ms(cfg: &herald_shared::config::PushConfig) -> u64 {
+    let waves = (cfg.claim_batch as u64).div_ceil(push::dispatch::CONCURRENCY as u64) + 1;
+    waves * cfg.timeout_ms + 10_000
 }
 
 /// Keeps `/readyz` current: MySQL answers with the schema applied, Redis leases work.

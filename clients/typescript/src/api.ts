@@ -54,6 +54,9 @@ export interface ApiOptions {
   maxRetries?: number;
 }
 
+/** The push services a token may belong to (protocol section 2.12). */
+export type PushPlatform = "apns" | "apns_sandbox" | "fcm" | "hms" | "webpush";
+
 export class HeraldApi {
   private readonly base: string;
   private readonly fetch: typeof globalThis.fetch;
@@ -70,6 +73,20 @@ export class HeraldApi {
   /** Logs this device out (its session closes with 4002). */
   async logout(): Promise<void> {
     await this.call("DELETE", "/v1/devices/me");
+  }
+
+  /**
+   * Registers (or replaces) this device's push token, so that messages it has not acked
+   * in time reach it as push notifications (protocol section 2.12). Call it whenever
+   * the platform hands the app a token.
+   */
+  registerPush(platform: PushPlatform, token: string): Promise<{ platform: PushPlatform; token: string; updated_at: number }> {
+    return this.call("PUT", "/v1/devices/me/push", { platform, token });
+  }
+
+  /** Removes this device's push token: no more push notifications. */
+  async unregisterPush(): Promise<void> {
+    await this.call("DELETE", "/v1/devices/me/push");
   }
 
   createConversation(c: { id?: string; kind: "direct" | "group"; members: string[]; title?: string | null }): Promise<Conversation> {

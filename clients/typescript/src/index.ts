@@ -1,4 +1,4 @@
-export { ApiError, HeraldApi, type ApiOptions, type Conversation, type ConversationItem, type Page } from "./api.js";
+export { ApiError, HeraldApi, type ApiOptions, type Conversation, type ConversationItem, type Page, type PushPlatform } from "./api.js";
 export { HeraldClient } from "./client.js";
 export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./client.js";
 export { Backoff, type BackoffOptions } from "./backoff.js";

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod conversations;
 pub mod history;
 pub mod messages;
+pub mod push;
 pub mod ws;
 
 #[cfg(test)]
@@ -38,6 +39,7 @@ pub fn router(state: AppState) -> Router {
     let bounded = Router::new()
         .route("/v1/devices", post(register))
         .route("/v1/devices/me", axum::routing::delete(unregister))
+        .route("/v1/devices/me/push", axum::routing::put(push::register).delete(push::unregister))
         .route("/v1/conversations", post(conversations::create).get(conversations::list))
         .route("/v1/conversations/{id}/members", post(conversations::change_members))
         .route("/v1/messages", post(messages::send))
@@ -73,7 +75,7 @@ fn cors(origins: &CorsOrigins) -> Option<CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::DELETE])
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
             .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
             .expose_headers([header::RETRY_AFTER])
             .max_age(Duration::from_secs(600)),

@@ -15,7 +15,7 @@
 //!   [`Config`] that holds every section.
 //! - `table`: the key table behind the loader and the documentation ([`keys`],
 //!   [`markdown_table`]).
-//! - `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`: one section each
+//! - `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`, `push`: one section each
 //!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
 //! - `cidr`: IP networks ([`Cidr`]), for `gateway.trusted_proxies`.
 //! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
@@ -32,6 +32,7 @@ mod gateway;
 mod ingress;
 mod load;
 mod outbox;
+mod push;
 mod redis;
 mod table;
 mod worker;
@@ -43,6 +44,7 @@ pub use gateway::{CorsOrigins, GatewayConfig};
 pub use ingress::IngressConfig;
 pub use load::{load, Env, ProcessEnv};
 pub use outbox::OutboxConfig;
+pub use push::{PreviewPolicy, PushConfig};
 pub use redis::RedisConfig;
 pub use table::{env_name, keys, lookup, markdown_table, Alias, DefaultText, Key, Lookup, ALIASES};
 pub use worker::WorkerConfig;
@@ -105,6 +107,8 @@ pub struct Config {
     /// Read by both the gateway and the worker.
     pub delivery: DeliveryConfig,
     pub outbox: OutboxConfig,
+    /// The offline push hand-off (worker).
+    pub push: PushConfig,
 }
 
 /// The process-wide keys, outside any section.
@@ -180,6 +184,7 @@ impl Config {
             worker: WorkerConfig::default(),
             delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
+            push: PushConfig::default(),
         }
     }
 
@@ -196,6 +201,7 @@ impl Config {
             Some(("worker", name)) => self.worker.set(name, v),
             Some(("delivery", name)) => self.delivery.set(name, v),
             Some(("outbox", name)) => self.outbox.set(name, v),
+            Some(("push", name)) => self.push.set(name, v),
             Some(_) => Err(SetError::UnknownKey),
         }
     }
@@ -249,6 +255,7 @@ impl Config {
         self.worker.validate(&mut bad);
         self.delivery.validate(&mut bad);
         self.outbox.validate(&mut bad);
+        self.push.validate(&mut bad);
         // A fan-out the outbox still retries must find its message above the watermark,
         // or a Redis data loss in between would lose it (docs/reliability.md).
         let retry = self.outbox.retry_window_ms();

@@ -103,6 +103,7 @@ pub fn keys() -> impl Iterator<Item = &'static Key> {
         super::WorkerConfig::KEYS,
         super::DeliveryConfig::KEYS,
         super::OutboxConfig::KEYS,
+        super::PushConfig::KEYS,
     ]
     .into_iter()
     .flatten()

@@ -80,8 +80,9 @@ struct ConvState {
     last_id: MsgId,
     last_active_at: i64,
     members: HashSet<String>,
-    /// (user, joined_seq, device) of every registered device of a current member.
-    devices: Vec<(String, u64, String)>,
+    /// (user, joined_seq, device, has a push token) of every registered device of a
+    /// current member.
+    devices: Vec<(String, u64, String, bool)>,
     changed: bool,
 }
 
@@ -199,7 +200,7 @@ impl CommitPipeline {
         reads.push(" ");
         lock_conversations(&mut reads, &wanted);
         reads.push(
-            "; SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id FROM members m \
+            "; SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id, d.push_token IS NOT NULL FROM members m \
                     LEFT JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
                     AND d.expired_at IS NULL AND d.last_seen_at >= ",
         );
@@ -248,7 +249,8 @@ impl CommitPipeline {
             if let Some(c) = convs.get_mut(&key) {
                 let user = row.text(2)?;
                 if let Some(device) = row.opt_text(4)? {
-                    c.devices.push((user.clone(), row.try_get(3)?, device));
+                    let push = row.try_get::<Option<i64>, _>(5)? == Some(1);
+                    c.devices.push((user.clone(), row.try_get(3)?, device, push));
                 }
                 c.members.insert(user);
             }
@@ -326,13 +328,14 @@ impl CommitPipeline {
             .collect();
         for ((tenant, conv), c) in convs {
             if c.changed {
-                result.recipients.extend(c.devices.into_iter().map(|(user, joined_seq, device)| Recipient {
+                result.recipients.extend(c.devices.into_iter().map(|(user, joined_seq, device, push)| Recipient {
                     tenant: tenant.clone(),
                     conv: conv.clone(),
                     user,
                     joined_seq,
                     left_seq: None,
                     device,
+                    push,
                 }));
             }
         }

@@ -21,8 +21,9 @@ use herald_shared::scripts;
 use serde_json::value::RawValue;
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
+use tokio::sync::mpsc;
 
-use crate::batch::{live_since, push_pairs, Committed, Recipient};
+use crate::batch::{live_since, push_pairs, Committed, PushCandidate, Recipient};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FanoutError {
@@ -45,6 +46,9 @@ pub struct Fanout {
     done_ttl_ms: u64,
     /// Devices unseen this long are no recipients.
     device_ttl_ms: u64,
+    /// Where the messages for devices with a push token go once fanned out (the push
+    /// scheduler); none when no tenant has a webhook.
+    push: Option<mpsc::Sender<Vec<PushCandidate>>>,
 }
 
 /// Pending-set additions for one user: device -> messages.
@@ -60,7 +64,14 @@ impl Fanout {
             pending_cap,
             done_ttl_ms,
             device_ttl_ms: u64::MAX,
+            push: None,
         }
+    }
+
+    /// Hands the messages for devices with a push token to the push scheduler.
+    pub fn with_push(mut self, scheduler: mpsc::Sender<Vec<PushCandidate>>) -> Self {
+        self.push = Some(scheduler);
+        self
     }
 
     /// Devices unseen this long are no recipients (`delivery.device_ttl_s`).
@@ -112,7 +123,7 @@ impl Fanout {
         pairs.sort();
         pairs.dedup();
         let mut q = QueryBuilder::<MySql>::new(
-            "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, d.device_id FROM members m \
+            "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, d.device_id, d.push_token IS NOT NULL FROM members m \
              JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
              AND d.expired_at IS NULL AND d.last_seen_at >= ",
         );
@@ -128,6 +139,7 @@ impl Fanout {
                     joined_seq: r.try_get(3)?,
                     left_seq: r.try_get(4)?,
                     device: r.text(5)?,
+                    push: r.try_get::<i64, _>(6)? == 1,
                 })
             })
             .collect()
@@ -155,6 +167,7 @@ impl Fanout {
         }
         let mut frames: HashMap<MsgId, String> = HashMap::with_capacity(msgs.len());
         let mut plans: BTreeMap<(String, String), UserPlan> = BTreeMap::new();
+        let mut push = Vec::new();
         for (group, recipients) in groups {
             // Each group with its own recipients: a member who left between two commits
             // still gets the messages of the first.
@@ -178,6 +191,17 @@ impl Fanout {
                 for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
                     let is_sender_device = r.user == m.sender && r.device == m.sender_device;
                     if r.receives(m.seq) && !is_sender_device {
+                        // Nobody is notified of their own messages (sent from another device).
+                        if r.push && r.user != m.sender && self.push.is_some() {
+                            push.push(PushCandidate {
+                                tenant: m.tenant.clone(),
+                                user: r.user.clone(),
+                                device: r.device.clone(),
+                                conv: m.conv.clone(),
+                                id: m.id,
+                                sender: m.sender.clone(),
+                            });
+                        }
                         plans
                             .entry((m.tenant.clone(), r.user.clone()))
                             .or_default()
@@ -216,7 +240,22 @@ impl Fanout {
         }
         self.publish(client, by_node, &frames, events).await?;
         metrics::counter!("herald_fanout_messages_total").increment(msgs.len() as u64);
+        self.hand_to_push(push);
         Ok(())
+    }
+
+    /// Once the pending entries are written (an ack can only remove what is there), the
+    /// push scheduler gets the messages for devices with a push token. It never waits:
+    /// a full queue costs those messages their notification, never the fan-out.
+    fn hand_to_push(&self, candidates: Vec<PushCandidate>) {
+        let Some(scheduler) = self.push.as_ref().filter(|_| !candidates.is_empty()) else {
+            return;
+        };
+        let n = candidates.len() as u64;
+        if scheduler.try_send(candidates).is_err() {
+            metrics::counter!("herald_push_dropped_total").increment(n);
+            tracing::debug!(messages = n, "push hand-off queue full; no notification for these");
+        }
     }
 
     /// Once the pending entries are written: one PUBLISH per node carrying its

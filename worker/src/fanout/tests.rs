@@ -28,6 +28,7 @@ fn member(user: &str, device: &str) -> Recipient {
         joined_seq: 0,
         left_seq: None,
         device: device.into(),
+        push: false,
     }
 }
 

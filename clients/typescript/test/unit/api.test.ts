@@ -41,6 +41,15 @@ describe("the HTTP API client", () => {
     expect(e).toMatchObject({ status: 429, code: "rate_limited" });
   });
 
+  it("registers and removes the device's push token", async () => {
+    const { fetch, calls } = fakeFetch([{ status: 200, body: { platform: "fcm", token: "t1", updated_at: 5 } }, { status: 204 }]);
+    const api = new HeraldApi({ url: "http://gw", token: "tok", fetch });
+    expect(await api.registerPush("fcm", "t1")).toEqual({ platform: "fcm", token: "t1", updated_at: 5 });
+    await expect(api.unregisterPush()).resolves.toBeUndefined();
+    expect(calls[0]).toMatchObject({ url: "http://gw/v1/devices/me/push", init: { method: "PUT", body: '{"platform":"fcm","token":"t1"}' } });
+    expect(calls[1]).toMatchObject({ url: "http://gw/v1/devices/me/push", init: { method: "DELETE" } });
+  });
+
   it("throws other errors at once, with their code", async () => {
     const { fetch } = fakeFetch([{ status: 403, body: { error: { code: "forbidden", message: "not a member" } } }]);
     const api = new HeraldApi({ url: "http://gw", token: "tok", fetch });
