@@ -4,6 +4,7 @@ use fred::prelude::*;
 use herald_shared::keys::{Keys, PresenceValue};
 use herald_shared::protocol::NodeEnvelope;
 
+use super::calls::CALL_ENTRIES;
 use super::*;
 
 fn message(id: u64, seq: u64) -> Committed {
