@@ -7,7 +7,7 @@
 //! fixed order; check membership; number the messages (`seq`) in stream order; insert
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns. The
-//! transaction is three round trips: a script of the reads, one of the writes, and
+//! transaction is two round trips: a script of the reads, and one of the writes with
 //! COMMIT (`script.rs`).
 //! Repeats of committed messages (same tenant, sender and cmid) are refused by the
 //! unique key; only then does the batch run again, looking them up first.
@@ -48,6 +48,22 @@ enum Dedup {
     ByUniqueKey,
     /// Looked up first, and answered with the first commit.
     Lookup,
+}
+
+/// Time kept back from the ids' freshness for the round trip and COMMIT itself.
+const COMMIT_MARGIN_MS: u64 = 50;
+/// The shortest cap a write statement is given; with less time left the batch is
+/// numbered again at once.
+const MIN_STATEMENT_MS: u64 = 10;
+
+/// A statement stopped by its `max_statement_time`.
+fn is_statement_timeout(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => {
+            d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1969)
+        }
+        _ => false,
+    }
 }
 
 /// A message insert refused because (tenant, sender, cmid) was committed before.
@@ -151,8 +167,9 @@ impl CommitPipeline {
         Ok(result)
     }
 
-    /// The transaction, in three round trips: the reads script, the writes script (once
-    /// the batch is numbered here), then COMMIT once the ids are known to be fresh.
+    /// The transaction, in two round trips: the reads script, then the writes script
+    /// (once the batch is numbered here) ending in COMMIT, its statements capped so that
+    /// the ids are still fresh when COMMIT runs.
     async fn run(
         &self,
         conn: &mut MySqlConnection,
@@ -259,10 +276,28 @@ impl CommitPipeline {
         // 3. Number the new messages in stream order.
         let (mut result, planned) = number(entries, &existing, &mut convs, ids, now)?;
 
+        // The batch's ids are drawn now; they must still be fresh when COMMIT runs (a
+        // device sync returns ids once they are older than the settle time, so a later
+        // commit below them would be skipped). The writes go with COMMIT in one round
+        // trip, each statement capped at a third of the time left: one held up (a lock
+        // wait, a stall) fails instead, and the batch runs again with new ids.
+        let oldest = planned.iter().map(|p| p.3).min();
+        let cap = match oldest {
+            Some(oldest) => {
+                let age = now_ms().saturating_sub(oldest.unix_ms());
+                let left = self.max_id_age_ms.saturating_sub(age + COMMIT_MARGIN_MS);
+                if left < 3 * MIN_STATEMENT_MS {
+                    metrics::counter!("herald_batches_redrawn_total").increment(1);
+                    return Err(CommitError::StaleIds(age));
+                }
+                format!("SET STATEMENT max_statement_time = {:.3} FOR ", (left / 3) as f64 / 1000.0)
+            }
+            None => String::new(),
+        };
         let mut writes = Script::default();
         if !planned.is_empty() {
             // 4. The messages, in one statement.
-            writes.push(
+            writes.push(&cap).push(
                 "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at) VALUES ",
             );
             for (n, (i, _, seq, id)) in planned.iter().enumerate() {
@@ -272,8 +307,8 @@ impl CommitPipeline {
                 writes.push(", ").str(&e.cmid).push(", ").str(&e.body).push(", ").int(now).push(")");
             }
             // 5. The conversations' new positions, in one statement (the rows exist and are locked).
-            writes.push(
-                "; INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) VALUES ",
+            writes.push("; ").push(&cap).push(
+                "INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) VALUES ",
             );
             for (n, ((t, id), c)) in convs.iter().filter(|(_, c)| c.changed).enumerate() {
                 writes.push(if n > 0 { ", (" } else { "(" }).str(t).push(", ").str(id).push(", ").str(&c.kind);
@@ -288,26 +323,26 @@ impl CommitPipeline {
             // dispatch normally finishes it first.
             let ids: Vec<String> = planned.iter().map(|p| p.3.to_string()).collect();
             let payload = serde_json::json!({ "ids": ids }).to_string();
-            writes.push("; INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ");
+            writes.push("; ").push(&cap).push("INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ");
             writes.str(&payload).push(", 'PENDING', 0, ").int(now + self.first_retry_delay_ms).push(", ");
-            writes.int(now).push(", ").int(now).push(")");
-            let done = writes.run(&mut *conn).await?;
+            writes.int(now).push(", ").int(now).push("); COMMIT");
+            let done = match writes.run(&mut *conn).await {
+                Ok(done) => done,
+                Err(e) if is_statement_timeout(&e) => {
+                    metrics::counter!("herald_batches_redrawn_total").increment(1);
+                    let age = oldest.map_or(0, |o| now_ms().saturating_sub(o.unix_ms()));
+                    return Err(CommitError::StaleIds(age));
+                }
+                Err(e) => return Err(e.into()),
+            };
             let outbox = done.get(2).ok_or_else(|| sqlx::Error::Protocol("the writes script answered short".into()))?;
             result.outbox_id = Some(outbox.1.last_insert_id());
+        } else {
+            // Nothing new (repeats, refusals): the reads' locks go.
+            let mut commit = Script::default();
+            commit.push("COMMIT");
+            commit.run(&mut *conn).await?;
         }
-        // The batch's ids were drawn before its statements ran; if they took so long (a
-        // lock wait, a stall) that a device sync may already have passed those ids, the
-        // batch runs again with new ones.
-        if let Some(oldest) = planned.iter().map(|p| p.3).min() {
-            let age = now_ms().saturating_sub(oldest.unix_ms());
-            if age > self.max_id_age_ms {
-                metrics::counter!("herald_batches_redrawn_total").increment(1);
-                return Err(CommitError::StaleIds(age));
-            }
-        }
-        let mut commit = Script::default();
-        commit.push("COMMIT");
-        commit.run(&mut *conn).await?;
 
         result.committed = planned
             .iter()
