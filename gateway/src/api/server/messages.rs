@@ -1,0 +1,65 @@
+//! `POST /v1/server/messages`: a service sends as one of its tenant's users (a bot is
+//! a user that is a member).
+//!
+//! The send takes the device sends' durable path: the ingress stream, the worker's
+//! membership check and commit, and an answer only after COMMIT. The idempotency key
+//! is the message's `cmid`, so a repeat gets the first commit back with `dup: true`;
+//! the sender device is `service:<name>`.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::Json;
+use herald_shared::auth::{is_valid_ident, Claims, Platform};
+use herald_shared::keys::DeviceKey;
+use herald_shared::protocol::{SendResult, MAX_CMID_LEN};
+use herald_shared::service_token::Scope;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::Service;
+use crate::error::{parse_json, ApiError, ApiResult};
+use crate::state::AppState;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ServerSendRequest {
+    conv: String,
+    /// The user the message is sent as.
+    #[serde(rename = "as")]
+    sender: String,
+    body: Box<RawValue>,
+    idempotency_key: String,
+}
+
+/// The identity the send travels under: the `as` user on the service's own device.
+fn sender_claims(service: &Service, sender: String) -> Claims {
+    let s = &service.0;
+    Claims { tid: s.tid.clone(), sub: sender, dev: s.sender_device(), plat: Platform::Server, exp: s.exp }
+}
+
+pub async fn send(State(state): State<AppState>, service: Service, body: Bytes) -> ApiResult<Json<SendResult>> {
+    service.require(Scope::MessagesSend)?;
+    let started = std::time::Instant::now();
+    metrics::counter!("herald_sends_received_total", "transport" => "server").increment(1);
+    let req: ServerSendRequest = parse_json(&body)?;
+    if !is_valid_ident(&req.sender) {
+        return Err(ApiError::bad_request("as must be a user id (1..64 printable ASCII characters)"));
+    }
+    let key_len = req.idempotency_key.chars().count();
+    if !(1..=MAX_CMID_LEN).contains(&key_len) {
+        return Err(ApiError::bad_request(format!("idempotency_key must be 1..{MAX_CMID_LEN} characters")));
+    }
+    state.ingress.validate_send(&req.idempotency_key, &req.conv, &req.body)?;
+    let claims = sender_claims(&service, req.sender);
+    if let Err(wait) = state.limits.http_send(&DeviceKey::of(&claims)) {
+        metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
+        return Err(ApiError::rate_limited(wait));
+    }
+    if let Err(wait) = state.limits.tenant_send(&claims.tid) {
+        metrics::counter!("herald_rate_limited_total", "what" => "tenant_send").increment(1);
+        return Err(ApiError::rate_limited(wait));
+    }
+    let result = state.ingress.send(&claims, req.idempotency_key, req.conv, req.body.get().to_owned()).await?;
+    metrics::histogram!("herald_send_ack_seconds", "transport" => "server").record(started.elapsed().as_secs_f64());
+    Ok(Json(result))
+}
