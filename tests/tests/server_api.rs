@@ -1,0 +1,163 @@
+//! The server API (issue 18): backends and bots with service tokens send as a member
+//! through the durable path, with idempotency keys; each token kind is refused where
+//! the other is expected; scopes and tenants bound what a service may do.
+
+use std::time::Duration;
+
+use herald_shared::db::TextColumns;
+use herald_shared::service_token::Scope;
+use herald_tests::{eventually, AutoDevice, Cluster};
+use serde_json::{json, Value};
+
+const SEND: &[Scope] = &[Scope::MessagesSend];
+const ALL: &[Scope] = &[Scope::MessagesSend, Scope::ConversationsWrite];
+
+async fn cluster(name: &str) -> Cluster {
+    let mut c = Cluster::new(name);
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c
+}
+
+/// A group `conv` of `members`, created by the first of them.
+async fn group(c: &Cluster, conv: &str, members: &[&str]) {
+    c.client(0, members[0], "d0").create_conversation(Some(conv), "group", members).await.unwrap();
+}
+
+fn send_body(conv: &str, sender: &str, key: &str, text: &str) -> Vec<u8> {
+    json!({"conv": conv, "as": sender, "body": {"text": text}, "idempotency_key": key}).to_string().into_bytes()
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_send_is_committed_before_its_answer_and_delivered_to_members() {
+    let c = cluster("srv-send").await;
+    group(&c, "room", &["bob", "helpbot"]).await;
+    let base = c.gateways[0].base_url();
+    let bob = AutoDevice::connect(&base, &c.token("bob", "b1"), "bob", "b1").await;
+    let svc = c.service(0, "acme", "helpdesk", SEND);
+
+    let (status, sent) =
+        svc.post_raw("/v1/server/messages", send_body("room", "helpbot", "k1", "hello")).await.unwrap();
+    assert_eq!(status, 200, "{sent}");
+    assert_eq!(
+        (sent["conv"].as_str(), sent["seq"].as_u64(), sent["dup"].as_bool()),
+        (Some("room"), Some(1), Some(false))
+    );
+    // Answered only after COMMIT: the row is there the moment the answer is, sent by
+    // the bot from the service's own device.
+    let id: u64 = sent["id"].as_str().unwrap().parse().unwrap();
+    let row = sqlx::query("SELECT sender_id, sender_device, client_msg_id FROM messages WHERE id = ?")
+        .bind(id)
+        .fetch_one(&c.db().await)
+        .await
+        .expect("the message is committed when the answer comes");
+    let row = (row.text(0).unwrap(), row.text(1).unwrap(), row.text(2).unwrap());
+    assert_eq!(row, ("helpbot".into(), "service:helpdesk".into(), "k1".into()));
+
+    eventually(Duration::from_secs(10), "bob's device gets the bot's message", || async {
+        bob.received
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(conv, seq, got)| conv == "room" && *seq == 1 && *got == id)
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_idempotency_key_twice_is_one_message_answered_dup() {
+    let c = cluster("srv-idem").await;
+    group(&c, "room", &["bob", "helpbot"]).await;
+    let svc = c.service(0, "acme", "helpdesk", SEND);
+
+    let (_, first) = svc.post_raw("/v1/server/messages", send_body("room", "helpbot", "k1", "once")).await.unwrap();
+    let (status, again) =
+        svc.post_raw("/v1/server/messages", send_body("room", "helpbot", "k1", "once")).await.unwrap();
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["dup"], json!(true), "{again}");
+    assert_eq!((&again["id"], &again["seq"]), (&first["id"], &first["seq"]), "the first commit comes back");
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE conv_id = 'room'")
+        .fetch_one(&c.db().await)
+        .await
+        .unwrap();
+    assert_eq!(count, 1, "one message for one key");
+    // Another key is another message.
+    let (_, other) = svc.post_raw("/v1/server/messages", send_body("room", "helpbot", "k2", "twice")).await.unwrap();
+    assert_eq!((other["seq"].as_u64(), other["dup"].as_bool()), (Some(2), Some(false)), "{other}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_token_is_refused_by_the_server_api_and_a_service_token_by_the_device_api() {
+    let c = cluster("srv-kinds").await;
+    group(&c, "room", &["bob", "helpbot"]).await;
+
+    let device = c.client(0, "helpbot", "d1");
+    let (status, body) = device.post_raw("/v1/server/messages", send_body("room", "helpbot", "k1", "x")).await.unwrap();
+    assert_eq!((status, code(&body)), (401, "unauthorized"), "a device token on the server API: {body}");
+
+    let svc = c.service(0, "acme", "helpdesk", ALL);
+    let device_send = json!({"cmid": "c1", "conv": "room", "body": {"text": "x"}}).to_string().into_bytes();
+    let (status, body) = svc.post_raw("/v1/messages", device_send).await.unwrap();
+    assert_eq!((status, code(&body)), (401, "unauthorized"), "a service token on the device API: {body}");
+    let (status, body) = svc.get_raw("/v1/conversations").await.unwrap();
+    assert_eq!((status, code(&body)), (401, "unauthorized"), "{body}");
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&c.db().await).await.unwrap();
+    assert_eq!(count, 0, "nothing was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_scope_is_forbidden() {
+    let c = cluster("srv-scope").await;
+    group(&c, "room", &["bob", "helpbot"]).await;
+    let svc = c.service(0, "acme", "directory", &[Scope::ConversationsWrite]);
+    let (status, body) = svc.post_raw("/v1/server/messages", send_body("room", "helpbot", "k1", "x")).await.unwrap();
+    assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("messages:send"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_members_and_other_tenants_conversations_are_refused() {
+    let c = cluster("srv-tenant").await;
+    group(&c, "room", &["bob", "helpbot"]).await;
+
+    let svc = c.service(0, "acme", "helpdesk", SEND);
+    let (status, body) = svc.post_raw("/v1/server/messages", send_body("room", "mallory", "k1", "x")).await.unwrap();
+    assert_eq!((status, code(&body)), (403, "forbidden"), "not a member: {body}");
+
+    // globex's service, aiming at acme's conversation as one of its members.
+    let foreign = c.service(0, "globex", "helpdesk", ALL);
+    let (status, body) = foreign.post_raw("/v1/server/messages", send_body("room", "bob", "k2", "x")).await.unwrap();
+    assert_eq!((status, code(&body)), (404, "not_found"), "another tenant's conversation: {body}");
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&c.db().await).await.unwrap();
+    assert_eq!(count, 0, "nothing was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_server_sends_are_refused_with_a_clear_message() {
+    let c = cluster("srv-input").await;
+    group(&c, "room", &["bob", "helpbot"]).await;
+    let svc = c.service(0, "acme", "helpdesk", SEND);
+    let long_key = "k".repeat(65);
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"conv": "room", "as": "helpbot", "body": {}}), "idempotency_key"),
+        (json!({"conv": "room", "as": "helpbot", "body": {}, "idempotency_key": ""}), "idempotency_key"),
+        (json!({"conv": "room", "as": "helpbot", "body": {}, "idempotency_key": long_key}), "idempotency_key"),
+        (json!({"conv": "room", "as": "help bot", "body": {}, "idempotency_key": "k"}), "as must be"),
+        (json!({"conv": "room", "body": {}, "idempotency_key": "k"}), "`as`"),
+        (json!({"conv": "room", "as": "helpbot", "body": {}, "idempotency_key": "k", "cmid": "c"}), "unknown field"),
+        (json!({"conv": "", "as": "helpbot", "body": {}, "idempotency_key": "k"}), "conv must be"),
+    ];
+    for (req, says) in cases {
+        let (status, body) = svc.post_raw("/v1/server/messages", req.to_string().into_bytes()).await.unwrap();
+        assert_eq!((status, code(&body)), (400, "bad_request"), "{req}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{req}: {message:?} should name {says:?}");
+    }
+    let (status, body) = svc.post_raw("/v1/server/messages", b"{not json".to_vec()).await.unwrap();
+    assert_eq!((status, code(&body)), (400, "bad_request"), "{body}");
+}
