@@ -5,7 +5,9 @@
 //! # Layout
 //! - [`Service`]: the authenticated service and its scope check.
 //! - [`messages`]: `POST /v1/server/messages`, a send as one of the tenant's users.
+//! - [`conversations`]: creating conversations and changing their members.
 
+pub mod conversations;
 pub mod messages;
 
 use axum::extract::FromRequestParts;
