@@ -161,3 +161,65 @@ async fn bad_server_sends_are_refused_with_a_clear_message() {
     let (status, body) = svc.post_raw("/v1/server/messages", b"{not json".to_vec()).await.unwrap();
     assert_eq!((status, code(&body)), (400, "bad_request"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_creates_a_conversation_and_changes_its_members_safely_repeated() {
+    let c = cluster("srv-convs").await;
+    let svc = c.service(0, "acme", "directory", &[Scope::ConversationsWrite]);
+    let create = json!({"id": "team", "kind": "group", "members": ["alice", "bob"], "title": "Team"});
+    let (status, conv) = svc.post_raw("/v1/server/conversations", create.to_string().into_bytes()).await.unwrap();
+    assert_eq!(status, 201, "{conv}");
+    assert_eq!(conv["members"], json!(["alice", "bob"]), "the service itself is no member");
+    let (status, again) = svc.post_raw("/v1/server/conversations", create.to_string().into_bytes()).await.unwrap();
+    assert_eq!((status, &again["members"]), (200, &json!(["alice", "bob"])), "a repeat answers the same: {again}");
+    let other = json!({"id": "team", "kind": "group", "members": ["alice", "carol"]});
+    let (status, body) = svc.post_raw("/v1/server/conversations", other.to_string().into_bytes()).await.unwrap();
+    assert_eq!((status, code(&body)), (409, "conflict"), "another create under the same id: {body}");
+    let unnamed = json!({"kind": "group", "members": ["alice"]});
+    let (status, body) = svc.post_raw("/v1/server/conversations", unnamed.to_string().into_bytes()).await.unwrap();
+    assert_eq!((status, code(&body)), (400, "bad_request"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("id is required"), "{body}");
+
+    // Alice sees it; the service adds carol and removes bob, twice.
+    let listed = c.client(0, "alice", "a1").list_conversations(10, None).await.unwrap();
+    assert_eq!(listed["items"][0]["id"], "team", "{listed}");
+    let change = json!({"add": ["carol"], "remove": ["bob"]}).to_string().into_bytes();
+    for _ in 0..2 {
+        let (status, conv) = svc.post_raw("/v1/server/conversations/team/members", change.clone()).await.unwrap();
+        assert_eq!((status, &conv["members"]), (200, &json!(["alice", "carol"])), "{conv}");
+    }
+    // Bob is no member any more: a send as him is refused; carol's is delivered.
+    let sender = c.service(0, "acme", "helpdesk", SEND);
+    let (status, body) = sender.post_raw("/v1/server/messages", send_body("team", "bob", "k1", "x")).await.unwrap();
+    assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+    let (status, body) = sender.post_raw("/v1/server/messages", send_body("team", "carol", "k2", "hi")).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversation_writes_need_their_scope_and_stay_in_the_tenant() {
+    let c = cluster("srv-convs-scope").await;
+    group(&c, "room", &["bob", "helpbot"]).await;
+    let create = json!({"id": "new", "kind": "group", "members": ["alice"]}).to_string().into_bytes();
+    let change = json!({"add": ["mallory"]}).to_string().into_bytes();
+
+    let sender = c.service(0, "acme", "helpdesk", SEND);
+    let (status, body) = sender.post_raw("/v1/server/conversations", create.clone()).await.unwrap();
+    assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+    let (status, body) = sender.post_raw("/v1/server/conversations/room/members", change.clone()).await.unwrap();
+    assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+
+    let foreign = c.service(0, "globex", "directory", ALL);
+    let (status, body) = foreign.post_raw("/v1/server/conversations/room/members", change).await.unwrap();
+    assert_eq!((status, code(&body)), (404, "not_found"), "another tenant's conversation: {body}");
+    let members: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT user_id FROM members WHERE conv_id = 'room' ORDER BY user_id")
+            .fetch_all(&c.db().await)
+            .await
+            .unwrap();
+    assert_eq!(members, vec![b"bob".to_vec(), b"helpbot".to_vec()], "acme's room is unchanged");
+
+    let device = c.client(0, "bob", "b1");
+    let (status, body) = device.post_raw("/v1/server/conversations", create).await.unwrap();
+    assert_eq!((status, code(&body)), (401, "unauthorized"), "a device token: {body}");
+}
