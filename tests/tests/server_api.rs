@@ -223,3 +223,23 @@ async fn conversation_writes_need_their_scope_and_stay_in_the_tenant() {
     let (status, body) = device.post_raw("/v1/server/conversations", create).await.unwrap();
     assert_eq!((status, code(&body)), (401, "unauthorized"), "a device token: {body}");
 }
+
+/// The token operators mint with `herald-loadtest service-token` is accepted, and its
+/// scopes are the ones asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_tests_service_token_command_mints_a_working_token() {
+    let c = cluster("srv-mint").await;
+    let out = std::process::Command::new(herald_tests::bin("herald-loadtest"))
+        .args(["service-token", "--service", "ops", "--scope", "conversations:write", "--tenant", "acme"])
+        .env("HERALD_SERVICE_SECRET", herald_tests::SERVICE_SECRET)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let ops = herald_client::HttpClient::new(c.gateways[0].base_url(), token);
+    let create = json!({"id": "ops-room", "kind": "group", "members": ["alice"]}).to_string().into_bytes();
+    let (status, body) = ops.post_raw("/v1/server/conversations", create).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = ops.post_raw("/v1/server/messages", send_body("ops-room", "alice", "k1", "x")).await.unwrap();
+    assert_eq!((status, code(&body)), (403, "forbidden"), "only the scope asked for: {body}");
+}
