@@ -23,16 +23,23 @@ use crate::api::auth::Caller;
 use crate::error::{parse_json, ApiError, ApiResult};
 use crate::state::AppState;
 
-#[derive(Deserialize)]
+/// A conversation to create (docs/protocol.md sections 2.3 and 7.3).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateRequest {
+#[schemars(rename = "CreateConversationRequest")]
+pub(crate) struct CreateRequest {
+    /// 1..64 printable ASCII characters; a service must give it (its idempotency key).
     id: Option<String>,
+    /// `direct` or `group`.
     kind: String,
+    /// User ids; a direct conversation has exactly 2.
     members: Vec<String>,
+    /// At most 256 characters.
     title: Option<String>,
 }
 
-#[derive(Serialize)]
+/// A conversation with its current members.
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct Conversation {
     id: String,
     kind: ConversationKind,
@@ -182,9 +189,11 @@ async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conv
     }))
 }
 
-#[derive(Deserialize)]
+/// Members to add and remove (docs/protocol.md sections 2.4 and 7.4).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct MembersRequest {
+#[schemars(rename = "MembersChangeRequest")]
+pub(crate) struct MembersRequest {
     #[serde(default)]
     add: Vec<String>,
     #[serde(default)]

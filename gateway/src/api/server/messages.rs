@@ -20,14 +20,18 @@ use super::Service;
 use crate::error::{parse_json, ApiError, ApiResult};
 use crate::state::AppState;
 
-#[derive(Deserialize)]
+/// A message a service sends as a member (docs/protocol.md section 7.2).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ServerSendRequest {
+    /// The conversation's id.
     conv: String,
     /// The user the message is sent as.
     #[serde(rename = "as")]
     sender: String,
+    /// Any JSON value, stored and delivered verbatim.
     body: Box<RawValue>,
+    /// 1..64 characters: the message's cmid; a repeat answers the first commit, `dup: true`.
     idempotency_key: String,
 }
 

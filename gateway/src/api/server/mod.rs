@@ -6,9 +6,11 @@
 //! - [`Service`]: the authenticated service and its scope check.
 //! - [`messages`]: `POST /v1/server/messages`, a send as one of the tenant's users.
 //! - [`conversations`]: creating conversations and changing their members.
+//! - [`openapi`]: the OpenAPI document of these routes (`docs/openapi.json`).
 
 pub mod conversations;
 pub mod messages;
+pub mod openapi;
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
