@@ -2,7 +2,7 @@
 //!
 //! The algorithm is pinned: the header must say `HS256`, so `alg: none` and
 //! RS/HS confusion tokens are refused before any signature check. A device token is
-//! never a service token ([`crate::service_token`]): those say `typ: herald-service`
+//! never a service token (the server API's): those say `typ: herald-service`
 //! in their header, which a device check refuses.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
