@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+use herald_client::{HttpClient, WsClient, WsEvent};
+use herald_shared::auth::{sign, Claims, Platform};
 use herald_shared::db::TextColumns;
-use herald_shared::service_token::Scope;
-use herald_tests::{eventually, AutoDevice, Cluster};
+use herald_shared::service_token::{sign_service, Scope, ServiceClaims};
+use herald_tests::{eventually, service_token, AutoDevice, Cluster, SECRET, SERVICE_SECRET};
 use serde_json::{json, Value};
 
 const SEND: &[Scope] = &[Scope::MessagesSend];
@@ -106,6 +108,26 @@ async fn a_device_token_is_refused_by_the_server_api_and_a_service_token_by_the_
     assert_eq!((status, code(&body)), (401, "unauthorized"), "a service token on the device API: {body}");
     let (status, body) = svc.get_raw("/v1/conversations").await.unwrap();
     assert_eq!((status, code(&body)), (401, "unauthorized"), "{body}");
+    let mut ws = WsClient::connect(&c.gateways[0].base_url(), &service_token("acme", "helpdesk", ALL)).await.unwrap();
+    assert_eq!(ws.next(Duration::from_secs(10)).await, Some(WsEvent::Closed(Some(4001))), "no session for a service");
+
+    // Each kind signed with the other's secret is still refused (its header's typ and its
+    // claims are the other kind's).
+    let claims = ServiceClaims { tid: "acme".into(), svc: "helpdesk".into(), scopes: ALL.to_vec(), exp: u64::MAX / 2 };
+    let as_device = HttpClient::new(c.gateways[0].base_url(), sign_service(&claims, SECRET.as_bytes()));
+    let (status, body) = as_device.get_raw("/v1/conversations").await.unwrap();
+    assert_eq!((status, code(&body)), (401, "unauthorized"), "a service token with the devices' secret: {body}");
+    let device = Claims {
+        tid: "acme".into(),
+        sub: "helpbot".into(),
+        dev: "d1".into(),
+        plat: Platform::Server,
+        exp: u64::MAX / 2,
+    };
+    let as_service = HttpClient::new(c.gateways[0].base_url(), sign(&device, SERVICE_SECRET.as_bytes()));
+    let (status, body) =
+        as_service.post_raw("/v1/server/messages", send_body("room", "helpbot", "k2", "x")).await.unwrap();
+    assert_eq!((status, code(&body)), (401, "unauthorized"), "a device token with the services' secret: {body}");
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&c.db().await).await.unwrap();
     assert_eq!(count, 0, "nothing was sent");
 }
@@ -236,7 +258,7 @@ async fn the_load_tests_service_token_command_mints_a_working_token() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    let ops = herald_client::HttpClient::new(c.gateways[0].base_url(), token);
+    let ops = HttpClient::new(c.gateways[0].base_url(), token);
     let create = json!({"id": "ops-room", "kind": "group", "members": ["alice"]}).to_string().into_bytes();
     let (status, body) = ops.post_raw("/v1/server/conversations", create).await.unwrap();
     assert_eq!(status, 201, "{body}");
