@@ -63,7 +63,7 @@ pub const METRICS: &[Metric] = &[
     ),
     counter(
         "herald_send_timeouts_total",
-        "Sends answered unavailable: no commit confirmed within gateway.send_timeout_ms, by transport.",
+        "Sends answered unavailable: no commit confirmed within gateway.send_timeout_ms, by transport (http, ws, server).",
     ),
     counter(
         "herald_read_timeouts_total",
