@@ -42,9 +42,9 @@ fn sender_claims(service: &Service, sender: String) -> Claims {
 }
 
 pub async fn send(State(state): State<AppState>, service: Service, body: Bytes) -> ApiResult<Json<SendResult>> {
-    service.require(Scope::MessagesSend)?;
     let started = std::time::Instant::now();
     metrics::counter!("herald_sends_received_total", "transport" => "server").increment(1);
+    service.require(Scope::MessagesSend)?;
     let req: ServerSendRequest = parse_json(&body)?;
     if !is_valid_ident(&req.sender) {
         return Err(ApiError::bad_request("as must be a user id (1..64 printable ASCII characters)"));
@@ -67,4 +67,40 @@ pub async fn send(State(state): State<AppState>, service: Service, body: Bytes) 
     let result = state.ingress.committed(waiter, "server").await?;
     metrics::histogram!("herald_send_ack_seconds", "transport" => "server").record(started.elapsed().as_secs_f64());
     Ok(Json(result))
+}
+
+/// Any JSON parses or is refused with `bad_request`, never a panic;
+/// `PROPTEST_CASES=100000` runs it longer.
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use crate::api::body_strategies::fields_of;
+    use herald_shared::error::ErrorCode;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn server_send_bodies_parse_exactly_when_well_typed(
+            v in fields_of(&["conv", "as", "body", "idempotency_key", "cmid"]),
+        ) {
+            let o = v.as_object().unwrap();
+            let ok = ["conv", "as", "idempotency_key"].iter().all(|f| o.get(*f).is_some_and(Value::is_string))
+                && o.contains_key("body")
+                && !o.contains_key("cmid");
+            match parse_json::<ServerSendRequest>(v.to_string().as_bytes()) {
+                Ok(req) => {
+                    prop_assert!(ok, "accepted {v}");
+                    prop_assert_eq!(req.body.get(), o["body"].to_string());
+                    prop_assert_eq!(Some(req.sender.as_str()), o["as"].as_str());
+                }
+                Err(e) => {
+                    prop_assert!(!ok, "refused {v}: {}", e.message);
+                    prop_assert_eq!(e.code, ErrorCode::BadRequest);
+                }
+            }
+        }
+    }
 }
