@@ -40,6 +40,7 @@ async fn a_service_send_is_committed_before_its_answer_and_delivered_to_members(
     group(&c, "room", &["bob", "helpbot"]).await;
     let base = c.gateways[0].base_url();
     let bob = AutoDevice::connect(&base, &c.token("bob", "b1"), "bob", "b1").await;
+    let bots_own = AutoDevice::connect(&base, &c.token("helpbot", "h1"), "helpbot", "h1").await;
     let svc = c.service(0, "acme", "helpdesk", SEND);
 
     let (status, sent) =
@@ -60,15 +61,18 @@ async fn a_service_send_is_committed_before_its_answer_and_delivered_to_members(
     let row = (row.text(0).unwrap(), row.text(1).unwrap(), row.text(2).unwrap());
     assert_eq!(row, ("helpbot".into(), "service:helpdesk".into(), "k1".into()));
 
-    eventually(Duration::from_secs(10), "bob's device gets the bot's message", || async {
-        bob.received
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(conv, seq, got)| conv == "room" && *seq == 1 && *got == id)
-            .then_some(())
-    })
-    .await;
+    // Every member's devices get it, the `as` user's own included (as from another device).
+    for d in [&bob, &bots_own] {
+        eventually(Duration::from_secs(10), &format!("{}'s device gets the bot's message", d.user), || async {
+            d.received
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(conv, seq, got)| conv == "room" && *seq == 1 && *got == id)
+                .then_some(())
+        })
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
