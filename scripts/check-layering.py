@@ -17,7 +17,7 @@ LAYERS = {
         ["metric_catalog"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
         ["redis", "db", "auth"],
-        ["keys", "config"],
+        ["keys", "config", "service_token"],
         ["protocol", "device_state"],
         ["ops"],
         [""],

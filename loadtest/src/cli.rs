@@ -13,9 +13,11 @@ use crate::sampler::AdminUrl;
 
 mod action;
 mod failover;
+mod service_token;
 mod soak;
 pub use action::Action;
 pub use failover::Failover;
+pub use service_token::ServiceToken;
 pub use soak::Soak;
 
 const AFTER_HELP: &str = "\
@@ -64,6 +66,8 @@ pub enum Command {
     Report(Report),
     /// A client token for --user and --device, printed (for curl and wscat).
     Token(Token),
+    /// A service token for the server API (--service, --scope), printed.
+    ServiceToken(ServiceToken),
 }
 
 /// The JWT secret: `--secret`, or the `HERALD_JWT_SECRET` environment variable.

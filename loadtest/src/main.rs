@@ -46,6 +46,10 @@ async fn run(command: Command) -> Result<i32> {
             report::capacity(&a.dir, &a.out, &a.machine)?;
             return Ok(0);
         }
+        Command::ServiceToken(a) => {
+            println!("{}", a.mint()?);
+            return Ok(0);
+        }
         Command::Token(a) => {
             println!("{}", token(&a.secret.get()?, &a.tenant, &a.user, &a.device, a.platform));
             return Ok(0);

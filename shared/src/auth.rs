@@ -1,7 +1,9 @@
 //! Client identity: HS256 JWTs (docs/protocol.md section 1).
 //!
 //! The algorithm is pinned: the header must say `HS256`, so `alg: none` and
-//! RS/HS confusion tokens are refused before any signature check.
+//! RS/HS confusion tokens are refused before any signature check. A device token is
+//! never a service token (the server API's): those say `typ: herald-service`
+//! in their header, which a device check refuses.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -63,11 +65,17 @@ pub enum AuthError {
     Claims(&'static str),
     #[error("token has expired")]
     Expired,
+    #[error("{0}")]
+    WrongKind(&'static str),
 }
+
+/// The header `typ` of service tokens: device checks refuse it, service checks require it.
+pub const SERVICE_TYP: &str = "herald-service";
 
 #[derive(Deserialize)]
 struct Header {
     alg: String,
+    typ: Option<String>,
 }
 
 pub fn is_valid_tenant(tid: &str) -> bool {
@@ -87,8 +95,14 @@ fn mac(secret: &[u8]) -> Hmac<Sha256> {
 
 /// Mints a token (used by tests, the load-test and operators' tooling).
 pub fn sign(claims: &Claims, secret: &[u8]) -> String {
-    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
-    let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(claims).expect("claims serialize"));
+    sign_typed("JWT", &serde_json::to_vec(claims).expect("claims serialize"), secret)
+}
+
+/// An HS256 JWT of `payload` with `typ` in its header.
+pub(crate) fn sign_typed(typ: &str, payload: &[u8], secret: &[u8]) -> String {
+    let header = serde_json::json!({"alg": "HS256", "typ": typ}).to_string();
+    let header = URL_SAFE_NO_PAD.encode(header.as_bytes());
+    let payload = URL_SAFE_NO_PAD.encode(payload);
     let signing_input = format!("{header}.{payload}");
     let mut m = mac(secret);
     m.update(signing_input.as_bytes());
@@ -102,20 +116,10 @@ pub fn verify(token: &str, secret: &[u8]) -> Result<Claims, AuthError> {
 }
 
 pub fn verify_at(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, AuthError> {
-    let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(AuthError::Malformed);
-    };
-    let header: Header =
-        URL_SAFE_NO_PAD.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or(AuthError::Malformed)?;
-    if header.alg != "HS256" {
-        return Err(AuthError::Algorithm);
+    let (typ, payload) = signed_payload(token, secret)?;
+    if typ.as_deref() == Some(SERVICE_TYP) {
+        return Err(AuthError::WrongKind("a service token is not a device token"));
     }
-    let sig = URL_SAFE_NO_PAD.decode(s).map_err(|_| AuthError::Malformed)?;
-    let mut m = mac(secret);
-    m.update(&token.as_bytes()[..h.len() + 1 + p.len()]);
-    m.verify_slice(&sig).map_err(|_| AuthError::Signature)?;
-    let payload = URL_SAFE_NO_PAD.decode(p).map_err(|_| AuthError::Malformed)?;
     let claims: Claims =
         serde_json::from_slice(&payload).map_err(|_| AuthError::Claims("tid, sub, dev, plat and exp are required"))?;
     if !is_valid_tenant(&claims.tid) {
@@ -131,6 +135,26 @@ pub fn verify_at(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, AuthE
         return Err(AuthError::Expired);
     }
     Ok(claims)
+}
+
+/// The header's `typ` and the payload of a token whose algorithm label and signature
+/// are right; its claims are not looked at yet.
+pub(crate) fn signed_payload(token: &str, secret: &[u8]) -> Result<(Option<String>, Vec<u8>), AuthError> {
+    let mut parts = token.split('.');
+    let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Err(AuthError::Malformed);
+    };
+    let header: Header =
+        URL_SAFE_NO_PAD.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or(AuthError::Malformed)?;
+    if header.alg != "HS256" {
+        return Err(AuthError::Algorithm);
+    }
+    let sig = URL_SAFE_NO_PAD.decode(s).map_err(|_| AuthError::Malformed)?;
+    let mut m = mac(secret);
+    m.update(&token.as_bytes()[..h.len() + 1 + p.len()]);
+    m.verify_slice(&sig).map_err(|_| AuthError::Signature)?;
+    let payload = URL_SAFE_NO_PAD.decode(p).map_err(|_| AuthError::Malformed)?;
+    Ok((header.typ, payload))
 }
 
 #[cfg(test)]

@@ -47,12 +47,12 @@ impl ErrorCode {
 }
 
 /// The body of every HTTP error: `{"error": {"code": ..., "message": ...}}`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ErrorDetail {
     pub code: ErrorCode,
     pub message: String,

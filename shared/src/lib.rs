@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`ids`]: snowflake message ids and their exact Redis encodings.
-//! - [`auth`]: HS256 client tokens and identifier rules.
+//! - [`auth`]: HS256 client tokens and identifier rules; [`service_token`]: the
+//!   tokens of backends and bots (the server API).
 //! - [`config`]: layered, validated configuration.
 //! - [`protocol`]: wire frames and gateway/worker messages.
 //! - [`error`]: the protocol's error codes.
@@ -31,5 +32,6 @@ pub mod process_metrics;
 pub mod protocol;
 pub mod redis;
 pub mod scripts;
+pub mod service_token;
 pub mod telemetry;
 pub mod tls;

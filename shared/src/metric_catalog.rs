@@ -53,14 +53,17 @@ pub const METRICS: &[Metric] = &[
     counter("herald_request_timeouts_total", "HTTP requests not received whole within gateway.request_timeout_ms."),
     counter("herald_write_timeouts_total", "Writes to a client that missed gateway.write_timeout_ms (session closed)."),
     // Gateway: sends.
-    counter("herald_sends_received_total", "Sends received from clients, by transport (http, ws), before any check."),
+    counter(
+        "herald_sends_received_total",
+        "Sends received, by transport (http, ws, server: the server API), before any check.",
+    ),
     histogram(
         "herald_send_ack_seconds",
         "Time from a send's arrival to its answer (sent frame or HTTP response), by transport.",
     ),
     counter(
         "herald_send_timeouts_total",
-        "Sends answered unavailable: no commit confirmed within gateway.send_timeout_ms, by transport.",
+        "Sends answered unavailable: no commit confirmed within gateway.send_timeout_ms, by transport (http, ws, server).",
     ),
     counter(
         "herald_read_timeouts_total",

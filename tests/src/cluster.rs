@@ -13,7 +13,7 @@ use herald_shared::keys::Keys;
 use sqlx::mysql::MySqlPool;
 use tokio::process::{Child, Command};
 
-use crate::{AdminClient, ADMIN_TOKEN, SECRET, TENANT};
+use crate::{AdminClient, ADMIN_TOKEN, SECRET, SERVICE_SECRET, TENANT};
 
 fn mysql_base() -> String {
     std::env::var("IT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
@@ -142,6 +142,7 @@ impl Cluster {
             .env("HERALD_REDIS_URL", &self.redis_url)
             .env("HERALD_REDIS_KEY_PREFIX", &self.prefix)
             .env("HERALD_JWT_SECRET", SECRET)
+            .env("HERALD_SERVICE_SECRET", SERVICE_SECRET)
             .env("HERALD_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("HERALD_NODE_ID", &name)
             .env("HERALD_LISTEN", "127.0.0.1:0")

@@ -13,6 +13,7 @@
 //! - [`fill_backlog`], [`pending_ids`] (`backlog`): filling a device's backlog, and what
 //!   it holds.
 //! - [`send_frame`], [`ack_frame`] (`frames`): client frames tests build often.
+//! - `Cluster::service` (`service`): a backend's client of the server API.
 //! - [`eventually`] (`wait`): polling until a condition holds.
 //! - [`WireTap`] (`wiretap`): a proxy that records what a client puts on the wire.
 //! - [`run_scenario`] (`scenario`): a load-test scenario against a cluster, its report.
@@ -25,6 +26,7 @@ mod device;
 mod frames;
 mod redis_server;
 mod scenario;
+mod service;
 mod wait;
 mod wiretap;
 
@@ -39,9 +41,12 @@ pub use device::{AutoDevice, Seen};
 pub use frames::{ack_frame, send_frame};
 pub use redis_server::{free_port, spawn_redis_server, RedisServer};
 pub use scenario::{assert_clean, run_scenario, scenario_cluster, scenario_out};
+pub use service::service_token;
 pub use wait::eventually;
 pub use wiretap::{Tapped, WireTap};
 
 pub const SECRET: &str = "test-secret-0123456789abcdef";
+/// The gateways' `service_secret`: the key of service tokens (the server API).
+pub const SERVICE_SECRET: &str = "test-service-secret-0123456789";
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const TENANT: &str = "acme";

@@ -28,7 +28,7 @@ fn the_gateway_and_the_worker_print_their_help() {
 #[test]
 fn the_load_test_prints_its_help_and_each_command_s() {
     let text = help("herald-loadtest", &["--help"]);
-    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "sends", "probe", "report", "token"] {
+    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "sends", "probe", "report", "token", "service-token"] {
         assert!(text.contains(cmd), "{cmd} missing from:\n{text}");
     }
     let text = help("herald-loadtest", &["chaos", "--help"]);

@@ -23,16 +23,23 @@ use crate::api::auth::Caller;
 use crate::error::{parse_json, ApiError, ApiResult};
 use crate::state::AppState;
 
-#[derive(Deserialize)]
+/// A conversation to create (docs/protocol.md sections 2.3 and 7.3).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateRequest {
+#[schemars(rename = "CreateConversationRequest")]
+pub(crate) struct CreateRequest {
+    /// 1..64 printable ASCII characters; a service must give it (its idempotency key).
     id: Option<String>,
+    /// `direct` or `group`.
     kind: String,
+    /// User ids; a direct conversation has exactly 2.
     members: Vec<String>,
+    /// At most 256 characters.
     title: Option<String>,
 }
 
-#[derive(Serialize)]
+/// A conversation with its current members.
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct Conversation {
     id: String,
     kind: ConversationKind,
@@ -60,11 +67,23 @@ pub async fn create(
     Caller(c): Caller,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Conversation>)> {
-    let req: CreateRequest = parse_json(&body)?;
+    create_in(&state, &c.tid, Some(&c.sub), &body).await
+}
+
+/// Creates a conversation of `tenant` (or answers the one with the same id, kind and
+/// members: a repeat is safe). A device's user (`creator`) must be among the members;
+/// a service (`None`) creates any, and must name its id.
+pub(crate) async fn create_in(
+    state: &AppState,
+    tenant: &str,
+    creator: Option<&str>,
+    body: &[u8],
+) -> ApiResult<(StatusCode, Json<Conversation>)> {
+    let req: CreateRequest = parse_json(body)?;
     let kind = ConversationKind::parse(&req.kind)
         .ok_or_else(|| ApiError::bad_request("kind must be \"direct\" or \"group\""))?;
     let members = check_members(&req.members, state.cfg.gateway.max_group_size)?;
-    if !members.contains(&c.sub) {
+    if creator.is_some_and(|user| !members.contains(user)) {
         return Err(ApiError::bad_request("the caller must be one of the members"));
     }
     if kind == ConversationKind::Direct && members.len() != 2 {
@@ -76,6 +95,10 @@ pub async fn create(
     let id = match req.id {
         Some(id) if is_valid_ident(&id) => id,
         Some(_) => return Err(ApiError::bad_request("id must be 1..64 printable ASCII characters")),
+        // A service retries a create by its id: without one, a retry makes a second one.
+        None if creator.is_none() => {
+            return Err(ApiError::bad_request("id is required: it is the create's idempotency key"))
+        }
         None => format!("c{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>()),
     };
     let now = now_ms() as i64;
@@ -83,7 +106,7 @@ pub async fn create(
     let inserted = sqlx::query(
         "INSERT IGNORE INTO conversations (tenant_id, id, kind, title, last_seq, created_at, last_active_at) VALUES (?, ?, ?, ?, 0, ?, ?)",
     )
-    .bind(&c.tid)
+    .bind(tenant)
     .bind(&id)
     .bind(kind.as_str())
     .bind(&req.title)
@@ -95,7 +118,7 @@ pub async fn create(
         == 1;
     if !inserted {
         tx.rollback().await?;
-        let existing = load(&state, &c.tid, &id).await?.ok_or_else(ApiError::not_found)?;
+        let existing = load(state, tenant, &id).await?.ok_or_else(ApiError::not_found)?;
         let same_members: BTreeSet<String> = existing.members.iter().cloned().collect();
         if existing.kind == kind && same_members == members {
             return Ok((StatusCode::OK, Json(existing)));
@@ -109,7 +132,7 @@ pub async fn create(
         "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ",
     );
     q.push_values(&members, |mut b, m| {
-        b.push_bind(&c.tid).push_bind(&id).push_bind(m).push_bind(0u64).push_bind(0u64).push_bind(now);
+        b.push_bind(tenant).push_bind(&id).push_bind(m).push_bind(0u64).push_bind(0u64).push_bind(now);
     });
     // Not kept prepared: the text differs with every number of members.
     q.build().persistent(false).execute(&mut *tx).await?;
@@ -166,9 +189,11 @@ async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conv
     }))
 }
 
-#[derive(Deserialize)]
+/// Members to add and remove (docs/protocol.md sections 2.4 and 7.4).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct MembersRequest {
+#[schemars(rename = "MembersChangeRequest")]
+pub(crate) struct MembersRequest {
     #[serde(default)]
     add: Vec<String>,
     #[serde(default)]
@@ -181,7 +206,20 @@ pub async fn change_members(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Json<Conversation>> {
-    let req: MembersRequest = parse_json(&body)?;
+    change_members_in(&state, &c.tid, Some(&c.sub), &id, &body).await
+}
+
+/// Adds and removes members of `tenant`'s conversation `id`. Adding a member or
+/// removing a non-member changes nothing, so a repeat is safe. A device's user
+/// (`actor`) must be a member; a service (`None`) changes any.
+pub(crate) async fn change_members_in(
+    state: &AppState,
+    tenant: &str,
+    actor: Option<&str>,
+    id: &str,
+    body: &[u8],
+) -> ApiResult<Json<Conversation>> {
+    let req: MembersRequest = parse_json(body)?;
     let add = check_members(&req.add, state.cfg.gateway.max_group_size)?;
     let remove = check_members(&req.remove, state.cfg.gateway.max_group_size)?;
     if let Some(both) = add.intersection(&remove).next() {
@@ -189,22 +227,22 @@ pub async fn change_members(
     }
     let mut tx = state.db.begin().await?;
     let row = sqlx::query("SELECT kind, last_seq FROM conversations WHERE tenant_id = ? AND id = ? FOR UPDATE")
-        .bind(&c.tid)
-        .bind(&id)
+        .bind(tenant)
+        .bind(id)
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(ApiError::not_found)?;
     let kind = stored_kind(&row.text(0)?)?;
     let last_seq: u64 = row.try_get(1)?;
     let current = sqlx::query("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL")
-        .bind(&c.tid)
-        .bind(&id)
+        .bind(tenant)
+        .bind(id)
         .fetch_all(&mut *tx)
         .await?
         .iter()
         .map(|r| r.text(0))
         .collect::<Result<BTreeSet<String>, _>>()?;
-    if !current.contains(&c.sub) {
+    if actor.is_some_and(|user| !current.contains(user)) {
         return Err(ApiError::new(ErrorCode::Forbidden, "only members may change the member list"));
     }
     if kind == ConversationKind::Direct && (!add.is_empty() || !remove.is_empty()) {
@@ -224,7 +262,7 @@ pub async fn change_members(
             "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ",
         );
         q.push_values(&joining, |mut b, m| {
-            b.push_bind(&c.tid).push_bind(&id).push_bind(*m).push_bind(last_seq).push_bind(last_seq).push_bind(now);
+            b.push_bind(tenant).push_bind(id).push_bind(*m).push_bind(last_seq).push_bind(last_seq).push_bind(now);
         });
         // A former member rejoins from now on.
         q.push(" ON DUPLICATE KEY UPDATE joined_seq = VALUES(joined_seq), read_seq = GREATEST(read_seq, VALUES(read_seq)), left_seq = NULL, joined_at = VALUES(joined_at)");
@@ -235,14 +273,14 @@ pub async fn change_members(
             "UPDATE members SET left_seq = ? WHERE tenant_id = ? AND conv_id = ? AND user_id = ? AND left_seq IS NULL",
         )
         .bind(last_seq)
-        .bind(&c.tid)
-        .bind(&id)
+        .bind(tenant)
+        .bind(id)
         .bind(m)
         .execute(&mut *tx)
         .await?;
     }
     tx.commit().await?;
-    let conv = load(&state, &c.tid, &id).await?.ok_or_else(ApiError::not_found)?;
+    let conv = load(state, tenant, id).await?.ok_or_else(ApiError::not_found)?;
     Ok(Json(conv))
 }
 

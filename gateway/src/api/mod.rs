@@ -6,6 +6,7 @@ pub mod conversations;
 pub mod history;
 pub mod messages;
 pub mod push;
+pub mod server;
 pub mod ws;
 
 #[cfg(test)]
@@ -47,6 +48,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/messages", get(history::messages))
         .route("/v1/conversations/{id}/read", post(messages::read))
         .route("/v1/sync", get(history::sync))
+        .route("/v1/server/messages", post(server::messages::send))
+        .route("/v1/server/conversations", post(server::conversations::create))
+        .route("/v1/server/conversations/{id}/members", post(server::conversations::change_members))
         .layer(axum::middleware::from_fn_with_state(deadline, within_deadline));
     let router = Router::new()
         .merge(bounded)

@@ -223,6 +223,19 @@ mod tests {
         assert!(matches!(cfg.set("listen", "nowhere"), Err(SetError::Invalid(m)) if m.contains("host:port")));
     }
 
+    /// The service secret is optional, but when set it is long enough and not the
+    /// devices' secret (whoever holds that would mint service tokens).
+    #[test]
+    fn a_service_secret_is_long_and_apart_from_the_jwt_secret() {
+        let service = |v: &'static str| env(&[SECRET, ("HERALD_SERVICE_SECRET", v)]);
+        assert!(load(Role::Gateway, &[], &env(&[SECRET])).is_ok(), "unset: the server API is off");
+        assert!(load(Role::Gateway, &[], &service("another-secret-of-24-bytes")).is_ok());
+        for bad in ["short", SECRET.1] {
+            let err = load(Role::Gateway, &[], &service(bad)).unwrap_err();
+            assert!(err.0.iter().any(|e| e.key.starts_with("service_secret")), "{bad}: {err}");
+        }
+    }
+
     #[test]
     fn secrets_are_not_printed() {
         let e = env(&[("HERALD_JWT_SECRET", "supersecretsupersecret")]);

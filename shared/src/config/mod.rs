@@ -91,6 +91,8 @@ pub struct Config {
     /// Prefix of every Redis key and channel; lets clusters (and tests) share a Redis.
     pub redis_key_prefix: String,
     pub jwt_secret: Secret,
+    /// HS256 key of service tokens (the server API); empty, that API refuses everything.
+    pub service_secret: Secret,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub admin_token: Secret,
@@ -133,6 +135,12 @@ const ROOT_KEYS: &[Key] = &[
     ),
     Key::new("redis_key_prefix", "hd", BOTH, "Prefix of every Redis key and channel; lets clusters share a Redis."),
     Key::new("jwt_secret", "", BOTH, "HS256 key of client tokens; required, at least 16 bytes."),
+    Key::new(
+        "service_secret",
+        "",
+        GATEWAY,
+        "HS256 key of service tokens (the server API): at least 16 bytes, not `jwt_secret`; empty, that API refuses everything.",
+    ),
     Key::new("listen", "127.0.0.1:8080", GATEWAY, "Address of the client API (HTTP and WebSocket)."),
     Key::described(
         "admin_listen",
@@ -172,6 +180,7 @@ impl Config {
             mysql_statement_timeout_ms: root_default("mysql_statement_timeout_ms"),
             redis_key_prefix: root_default("redis_key_prefix"),
             jwt_secret: root_default("jwt_secret"),
+            service_secret: root_default("service_secret"),
             listen: root_default("listen"),
             admin_listen: admin.parse().expect("default address"),
             admin_token: root_default("admin_token"),
@@ -213,6 +222,7 @@ impl Config {
             "mysql_statement_timeout_ms" => self.mysql_statement_timeout_ms = parse(v)?,
             "redis_key_prefix" => self.redis_key_prefix = parse(v)?,
             "jwt_secret" => self.jwt_secret = parse(v)?,
+            "service_secret" => self.service_secret = parse(v)?,
             "listen" => self.listen = parse(v)?,
             "admin_listen" => self.admin_listen = parse(v)?,
             "admin_token" => self.admin_token = parse(v)?,
@@ -229,6 +239,12 @@ impl Config {
         let mut bad = Problems(errors);
         if self.jwt_secret.0.len() < 16 {
             bad.push("jwt_secret", "required, at least 16 bytes (HERALD_JWT_SECRET)");
+        }
+        if !self.service_secret.0.is_empty() && self.service_secret.0.len() < 16 {
+            bad.push("service_secret", "at least 16 bytes, or empty to refuse the server API");
+        }
+        if !self.service_secret.0.is_empty() && self.service_secret.0 == self.jwt_secret.0 {
+            bad.push("service_secret", "must differ from jwt_secret (devices must not mint service tokens)");
         }
         if !self.mysql_url.starts_with("mysql://") && !self.mysql_url.starts_with("mariadb://") {
             bad.push("mysql_url", "must start with mysql://");

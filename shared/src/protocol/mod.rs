@@ -70,7 +70,7 @@ impl PartialEq for Message {
 }
 
 /// The answer to a send, over HTTP (`200`) or as a `sent` frame.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct SendResult {
     pub id: MsgId,
     pub conv: String,
@@ -85,7 +85,7 @@ pub fn msg_frame(m: &Message) -> String {
 }
 
 /// A conversation's kind (docs/protocol.md section 2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ConversationKind {
     /// Exactly two members, fixed.
