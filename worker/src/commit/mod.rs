@@ -56,25 +56,25 @@ const COMMIT_MARGIN_MS: u64 = 50;
 /// numbered again at once.
 const MIN_STATEMENT_MS: u64 = 10;
 
-/// A statement stopped by its `max_statement_time`.
-fn is_statement_timeout(e: &sqlx::Error) -> bool {
+/// MariaDB's error number, when `e` is an error MariaDB answered.
+fn mysql_error(e: &sqlx::Error) -> Option<(u16, &str)> {
     match e {
         sqlx::Error::Database(d) => {
-            d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1969)
+            d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().map(|m| (m.number(), d.message()))
         }
-        _ => false,
+        _ => None,
     }
 }
 
-/// A message insert refused because (tenant, sender, cmid) was committed before.
+/// A statement stopped by its `max_statement_time` (1969).
+fn is_statement_timeout(e: &sqlx::Error) -> bool {
+    mysql_error(e).is_some_and(|(n, _)| n == 1969)
+}
+
+/// A message insert refused because (tenant, sender, cmid) was committed before (1062
+/// on the client message key).
 fn is_repeat(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(d) => {
-            d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1062)
-                && d.message().contains("uq_client_msg")
-        }
-        _ => false,
-    }
+    mysql_error(e).is_some_and(|(n, message)| n == 1062 && message.contains("uq_client_msg"))
 }
 
 #[derive(Debug)]
