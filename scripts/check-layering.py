@@ -38,7 +38,7 @@ LAYERS = {
         [""],
     ],
     "loadtest": [
-        ["integrity", "recorder", "sampler", "slope", "chart"],
+        ["integrity", "recorder", "sampler", "slope", "chart", "pacer"],
         ["cli", "load"],
         ["engine", "cpu"],
         ["senders", "soak_report"],

@@ -5,6 +5,7 @@
 //! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `failover`, `idle`, `soak`.
 //! - [`senders`]: the scenarios' senders, over HTTP or WebSocket, on an open-loop schedule.
 //! - [`load`]: schedules, offered against achieved load, and which side was the limit.
+//! - [`pacer`]: wake-ups at due times finer than tokio's 1 ms timer.
 //! - [`sends`]: durable sends over HTTP at full speed (closed loop).
 //! - [`probe`]: the canary between probe accounts, with `herald_probe_*` metrics.
 //! - [`engine`]: provisioning, devices, senders, settling and the check.
@@ -22,6 +23,7 @@ pub mod cpu;
 pub mod engine;
 pub mod integrity;
 pub mod load;
+pub mod pacer;
 pub mod probe;
 pub mod recorder;
 pub mod report;

@@ -24,6 +24,7 @@ use crate::cli::SendVia;
 use crate::engine::{send_durably, AckLog, Conv, SendPlan, Target};
 use crate::integrity::Acked;
 use crate::load::{Clock, Schedule};
+use crate::pacer::Pacer;
 use crate::recorder::Recorder;
 
 /// A send gives up (counts as not acknowledged) after this long.
@@ -32,6 +33,8 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A sender waiting for its next due time still looks at the stop flag this often.
 const STOP_POLL: Duration = Duration::from_millis(100);
+/// The last stretch before a due time, slept on the [`Pacer`] rather than tokio's timer.
+const PRECISE: Duration = Duration::from_millis(3);
 
 /// How the senders of a scenario send, beside the [`SendPlan`].
 #[derive(Clone, Copy, Debug)]
@@ -206,10 +209,13 @@ impl Sender {
                 continue;
             }
             if due > now {
-                let wake = due.min(now + STOP_POLL);
+                // tokio's timer until shortly before the due time (it wakes up to ~1.5 ms
+                // late), the pacer for the rest: one precise wake-up per send.
+                let coarse = due.min(now + STOP_POLL).checked_sub(PRECISE).filter(|t| *t > now);
                 tokio::select! {
                     Some(done) = in_flight.next(), if !in_flight.is_empty() => finish(done),
-                    _ = tokio::time::sleep_until(wake.into()) => {}
+                    _ = tokio::time::sleep_until(coarse.unwrap_or(now).into()), if coarse.is_some() => {}
+                    _ = Pacer::global().sleep_until(due), if coarse.is_none() => {}
                 }
                 continue;
             }
