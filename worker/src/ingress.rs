@@ -244,47 +244,75 @@ impl IngressShard {
                 client.xautoclaim_values(&self.key, INGRESS_GROUP, me, 0, cursor.as_str(), Some(count), false).await?;
             if !entries.is_empty() {
                 tracing::info!(shard = self.shard, entries = entries.len(), "took over pending ingress entries");
-                if !self.process(client, entries, cancel).await? {
+                let Some(done) = self.process(entries, cancel).await else {
                     return Ok(());
-                }
+                };
+                self.acknowledge(client, &done).await?;
             }
             if next == "0-0" {
                 break;
             }
             cursor = next;
         }
+        // Entries committed but not yet acknowledged: acknowledged in the same round trip
+        // as the next read, so a batch costs one round trip to Redis, not two, and its
+        // shard reads the next batch at once.
+        let mut done: Vec<String> = Vec::new();
         loop {
             if cancel.is_cancelled() || !self.lease.is_valid() {
-                return Ok(());
+                return self.acknowledge(client, &done).await;
             }
-            let read = client.xreadgroup::<Value, _, _, _, _>(
-                INGRESS_GROUP,
-                me,
-                Some(count),
-                Some(self.shared.cfg.worker.batch_block_ms),
-                false,
-                &self.key,
-                ">",
-            );
+            let block = Some(self.shared.cfg.worker.batch_block_ms);
+            let read = async {
+                if done.is_empty() {
+                    return client
+                        .xreadgroup::<Value, _, _, _, _>(INGRESS_GROUP, me, Some(count), block, false, &self.key, ">")
+                        .await;
+                }
+                let pipe = client.pipeline();
+                let _: () = pipe.xack(&self.key, INGRESS_GROUP, done.clone()).await?;
+                let _: () = pipe.xdel(&self.key, done.clone()).await?;
+                let _: () = pipe.xreadgroup(INGRESS_GROUP, me, Some(count), block, false, &self.key, ">").await?;
+                let mut answers: Vec<Value> = pipe.all().await?;
+                answers.pop().ok_or_else(|| Error::new(ErrorKind::Protocol, "the read answered short"))
+            };
             let value = tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
+                // Stopping: what was committed is acknowledged (again: XACK is idempotent),
+                // so the next owner does not take it over.
+                _ = cancel.cancelled() => return self.acknowledge(client, &done).await,
                 v = read => v?,
             };
+            done.clear();
             if value.is_null() {
                 continue;
             }
             let mut streams: HashMap<String, Vec<Entry>> = value.into_xread_response()?;
             let entries = streams.remove(&self.key).unwrap_or_default();
-            if !entries.is_empty() && !self.process(client, entries, cancel).await? {
-                return Ok(());
+            if entries.is_empty() {
+                continue;
+            }
+            match self.process(entries, cancel).await {
+                Some(xids) => done = xids,
+                None => return Ok(()),
             }
         }
     }
 
-    /// Commits (through the group committer, which answers and fans out) and
-    /// acknowledges one batch. `Ok(false)` when the
-    /// shard must stop (lease lost or shutdown) with the batch left pending.
-    async fn process(&self, client: &Client, entries: Vec<Entry>, cancel: &CancellationToken) -> Result<bool, Error> {
+    /// Committed entries leave the stream: it holds only work not yet done.
+    async fn acknowledge(&self, client: &Client, xids: &[String]) -> Result<(), Error> {
+        if xids.is_empty() {
+            return Ok(());
+        }
+        let pipe = client.pipeline();
+        let _: () = pipe.xack(&self.key, INGRESS_GROUP, xids.to_vec()).await?;
+        let _: () = pipe.xdel(&self.key, xids.to_vec()).await?;
+        pipe.all::<Vec<Value>>().await.map(|_| ())
+    }
+
+    /// Commits one batch (through the group committer, which answers and fans out);
+    /// its entries' ids, to be acknowledged. `None` when the shard must stop (lease lost
+    /// or shutdown) with the batch left pending.
+    async fn process(&self, entries: Vec<Entry>, cancel: &CancellationToken) -> Option<Vec<String>> {
         let s = &self.shared;
         let mut xids = Vec::with_capacity(entries.len());
         let mut valid = Vec::with_capacity(entries.len());
@@ -317,7 +345,7 @@ impl IngressShard {
                 done,
             };
             if self.commits.send(request).await.is_err() || !committed.await.unwrap_or(false) {
-                return Ok(false);
+                return None;
             }
         }
 
@@ -325,7 +353,7 @@ impl IngressShard {
         if !reads.is_empty() {
             let outcomes = loop {
                 if cancel.is_cancelled() || !self.lease.is_valid() {
-                    return Ok(false);
+                    return None;
                 }
                 match s.reads.apply(&reads).await {
                     Ok(o) => break o,
@@ -354,7 +382,7 @@ impl IngressShard {
         for chunk in delivered.chunks(DELIVERED_CHUNK) {
             loop {
                 if cancel.is_cancelled() || !self.lease.is_valid() {
-                    return Ok(false);
+                    return None;
                 }
                 match s.delivered.apply(chunk).await {
                     Ok(()) => break,
@@ -366,11 +394,6 @@ impl IngressShard {
                 }
             }
         }
-        // Committed entries leave the stream: it holds only work not yet done.
-        let pipe = client.pipeline();
-        let _: () = pipe.xack(&self.key, INGRESS_GROUP, xids.clone()).await?;
-        let _: () = pipe.xdel(&self.key, xids).await?;
-        let _: Vec<Value> = pipe.all().await?;
-        Ok(true)
+        Some(xids)
     }
 }
