@@ -37,6 +37,17 @@ struct OwnedShard {
     task: JoinHandle<()>,
 }
 
+impl OwnedShard {
+    /// Stops the consumer and releases the lease.
+    async fn stop(self, shard: u32, redis: &Pool) {
+        self.cancel.cancel();
+        // A batch in flight finishes (bounded by MySQL's timeouts) before the lease goes.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        self.lease.release(redis).await;
+        tracing::info!(shard, "ingress shard released");
+    }
+}
+
 pub struct ShardBalancer {
     shared: Arc<WorkerContext>,
     commits: CommitQueue,
@@ -68,10 +79,11 @@ impl ShardBalancer {
                 _ = tokio::time::sleep(period) => {}
             }
         }
-        let shards: Vec<u32> = self.owned.keys().copied().collect();
-        for s in shards {
-            self.give_up(s).await;
-        }
+        // Every shard at once: each consumer may sit in a blocked read for up to
+        // `worker.batch_block_ms` before it stops, and one after another that added up to
+        // a second per shard, past the process's stop bound with a few dozen shards.
+        let owned = std::mem::take(&mut self.owned);
+        futures::future::join_all(owned.into_iter().map(|(shard, o)| o.stop(shard, &self.shared.redis))).await;
         let redis = &self.shared.redis;
         let _: Result<i64, _> = redis.zrem(self.shared.keys.workers(), self.shared.cfg.node_id.as_str()).await;
         self.shared.ids.release(redis).await;
@@ -111,11 +123,7 @@ impl ShardBalancer {
 
     async fn give_up(&mut self, shard: u32) {
         if let Some(o) = self.owned.remove(&shard) {
-            o.cancel.cancel();
-            // A batch in flight finishes (bounded by MySQL's timeouts) before the lease goes.
-            let _ = tokio::time::timeout(Duration::from_secs(10), o.task).await;
-            o.lease.release(&self.shared.redis).await;
-            tracing::info!(shard, "ingress shard released");
+            o.stop(shard, &self.shared.redis).await;
         }
     }
 
