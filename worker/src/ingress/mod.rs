@@ -5,30 +5,25 @@
 //! consumer per owned shard. A consumer stops as soon as its lease is no longer surely
 //! held, and a new owner first claims every entry the previous one left pending
 //! (XAUTOCLAIM), so no accepted send is dropped and each stream has one consumer at
-//! a time (per-conversation order).
+//! a time (per-conversation order). The consumer and its batches: [`shard`].
 
-use std::collections::{BTreeMap, HashMap};
+mod shard;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::*;
-use fred::types::streams::XReadValue;
 use herald_shared::ids::now_ms;
-use herald_shared::keys::INGRESS_GROUP;
-use herald_shared::protocol::{IngressRequest, NodeEnvelope, SendNotice};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::commit::Fence;
+use crate::commit::{BatchResult, Fence};
 use crate::context::WorkerContext;
-use crate::group::{publish, CommitQueue, CommitRequest};
+use crate::group::CommitQueue;
 use crate::lease::Lease;
-
-type Entry = XReadValue<String, String, String>;
-
-/// Delivered positions applied per statement at most: a batch of entries may carry
-/// many (a gateway writes up to 512 per entry).
-const DELIVERED_CHUNK: usize = 2_048;
+pub use shard::IngressShard;
 
 /// One owned shard: its lease and its consumer task.
 struct OwnedShard {
@@ -40,12 +35,13 @@ struct OwnedShard {
 pub struct ShardBalancer {
     shared: Arc<WorkerContext>,
     commits: CommitQueue,
+    fanouts: mpsc::Sender<BatchResult>,
     owned: BTreeMap<u32, OwnedShard>,
 }
 
 impl ShardBalancer {
-    pub fn new(shared: Arc<WorkerContext>, commits: CommitQueue) -> Self {
-        ShardBalancer { shared, commits, owned: BTreeMap::new() }
+    pub fn new(shared: Arc<WorkerContext>, commits: CommitQueue, fanouts: mpsc::Sender<BatchResult>) -> Self {
+        ShardBalancer { shared, commits, fanouts, owned: BTreeMap::new() }
     }
 
     pub async fn run(mut self, cancel: CancellationToken) {
@@ -176,6 +172,7 @@ impl ShardBalancer {
                         lease: lease.clone(),
                         fence,
                         commits: self.commits.clone(),
+                        fanouts: self.fanouts.clone(),
                     };
                     let task = tokio::spawn(consumer.run(cancel.clone()));
                     self.owned.insert(shard, OwnedShard { lease, cancel, task });
@@ -183,194 +180,5 @@ impl ShardBalancer {
             }
         }
         Ok(())
-    }
-}
-
-/// The consumer of one ingress stream.
-pub struct IngressShard {
-    shard: u32,
-    key: String,
-    shared: Arc<WorkerContext>,
-    lease: Arc<Lease>,
-    /// Taken with the lease: commits of a worker whose lease lapsed are refused.
-    fence: Fence,
-    commits: CommitQueue,
-}
-
-impl IngressShard {
-    async fn run(self, cancel: CancellationToken) {
-        let cfg = &self.shared.cfg;
-        let block = cfg.worker.batch_block_ms;
-        let client = match herald_shared::redis::builder(
-            cfg.redis_url.as_str(),
-            &cfg.redis.tls(),
-            Duration::from_millis(block + 3_000),
-        )
-        .and_then(|b| b.build())
-        {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build the ingress client");
-                return;
-            }
-        };
-        let _ = client.init().await;
-        while !cancel.is_cancelled() && self.lease.is_valid() {
-            match self.consume(&client, &cancel).await {
-                Ok(()) => break,
-                Err(e) => {
-                    metrics::counter!("herald_redis_errors_total", "source" => "ingress").increment(1);
-                    tracing::warn!(shard = self.shard, error = %e, "ingress consumer error; retrying");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            }
-        }
-        let _ = client.quit().await;
-    }
-
-    async fn consume(&self, client: &Client, cancel: &CancellationToken) -> Result<(), Error> {
-        let me = self.shared.cfg.node_id.as_str();
-        let count = self.shared.cfg.worker.batch_max as u64;
-        match client.xgroup_create::<(), _, _, _>(&self.key, INGRESS_GROUP, "0", true).await {
-            Ok(()) => {}
-            Err(e) if e.to_string().contains("BUSYGROUP") => {}
-            Err(e) => return Err(e),
-        }
-        // Whatever a previous owner (or an earlier life of this node) read but did not
-        // acknowledge comes first.
-        let mut cursor = "0-0".to_string();
-        loop {
-            let (next, entries): (String, Vec<Entry>) =
-                client.xautoclaim_values(&self.key, INGRESS_GROUP, me, 0, cursor.as_str(), Some(count), false).await?;
-            if !entries.is_empty() {
-                tracing::info!(shard = self.shard, entries = entries.len(), "took over pending ingress entries");
-                if !self.process(client, entries, cancel).await? {
-                    return Ok(());
-                }
-            }
-            if next == "0-0" {
-                break;
-            }
-            cursor = next;
-        }
-        loop {
-            if cancel.is_cancelled() || !self.lease.is_valid() {
-                return Ok(());
-            }
-            let read = client.xreadgroup::<Value, _, _, _, _>(
-                INGRESS_GROUP,
-                me,
-                Some(count),
-                Some(self.shared.cfg.worker.batch_block_ms),
-                false,
-                &self.key,
-                ">",
-            );
-            let value = tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                v = read => v?,
-            };
-            if value.is_null() {
-                continue;
-            }
-            let mut streams: HashMap<String, Vec<Entry>> = value.into_xread_response()?;
-            let entries = streams.remove(&self.key).unwrap_or_default();
-            if !entries.is_empty() && !self.process(client, entries, cancel).await? {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Commits (through the group committer, which answers and fans out) and
-    /// acknowledges one batch. `Ok(false)` when the
-    /// shard must stop (lease lost or shutdown) with the batch left pending.
-    async fn process(&self, client: &Client, entries: Vec<Entry>, cancel: &CancellationToken) -> Result<bool, Error> {
-        let s = &self.shared;
-        let mut xids = Vec::with_capacity(entries.len());
-        let mut valid = Vec::with_capacity(entries.len());
-        let mut reads = Vec::new();
-        let mut delivered = Vec::new();
-        let now = now_ms();
-        for (xid, fields) in &entries {
-            xids.push(xid.clone());
-            // Stream ids start with the XADD time in ms: how long the request waited.
-            if let Some(added) = xid.split('-').next().and_then(|ms| ms.parse::<u64>().ok()) {
-                metrics::histogram!("herald_ingress_lag_seconds").record(now.saturating_sub(added) as f64 / 1000.0);
-            }
-            match IngressRequest::from_fields(fields) {
-                Some(IngressRequest::Send(e)) => valid.push(e),
-                Some(IngressRequest::Read(r)) => reads.push(r),
-                Some(IngressRequest::Delivered(d)) => delivered.extend(d),
-                None => tracing::warn!(shard = self.shard, xid, "malformed ingress entry dropped"),
-            }
-        }
-
-        if !valid.is_empty() {
-            // Committed with the batches of the worker's other shards waiting now; answered
-            // and handed to the fan-out by the group committer.
-            let (done, committed) = tokio::sync::oneshot::channel();
-            let request = CommitRequest {
-                entries: valid,
-                fence: self.fence,
-                lease: self.lease.clone(),
-                cancel: cancel.clone(),
-                done,
-            };
-            if self.commits.send(request).await.is_err() || !committed.await.unwrap_or(false) {
-                return Ok(false);
-            }
-        }
-
-        // Reads after the sends of the batch, so a read of a message in it is not capped.
-        if !reads.is_empty() {
-            let outcomes = loop {
-                if cancel.is_cancelled() || !self.lease.is_valid() {
-                    return Ok(false);
-                }
-                match s.reads.apply(&reads).await {
-                    Ok(o) => break o,
-                    Err(e) => {
-                        metrics::counter!("herald_mysql_errors_total").increment(1);
-                        tracing::warn!(shard = self.shard, error = %e, "read receipts failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            };
-            let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
-            for (r, outcome) in reads.iter().zip(outcomes) {
-                by_node.entry(r.node.as_str()).or_default().sent.push(SendNotice {
-                    rid: r.rid,
-                    echo: Some(r.echo()),
-                    outcome,
-                });
-            }
-            if let Err(e) = publish(&s.redis, &s.keys, &by_node).await {
-                tracing::warn!(error = %e, "could not publish read notices");
-            }
-        }
-        // Delivered positions last: nobody waits for them. In bounded statements, each
-        // conversation's positions together.
-        delivered.sort_by(|a, b| (&a.tenant, &a.conv).cmp(&(&b.tenant, &b.conv)));
-        for chunk in delivered.chunks(DELIVERED_CHUNK) {
-            loop {
-                if cancel.is_cancelled() || !self.lease.is_valid() {
-                    return Ok(false);
-                }
-                match s.delivered.apply(chunk).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        metrics::counter!("herald_mysql_errors_total").increment(1);
-                        tracing::warn!(shard = self.shard, error = %e, "delivered positions failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            }
-        }
-        // Committed entries leave the stream: it holds only work not yet done.
-        let pipe = client.pipeline();
-        let _: () = pipe.xack(&self.key, INGRESS_GROUP, xids.clone()).await?;
-        let _: () = pipe.xdel(&self.key, xids).await?;
-        let _: Vec<Value> = pipe.all().await?;
-        Ok(true)
     }
 }
