@@ -52,7 +52,8 @@ async fn membership_changes_take_their_seq_between_messages_and_bound_who_receiv
     let c = cluster("tl-members").await;
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("g"), "group", &["alice", "bob"]).await.unwrap();
-    let (a1, b1, c1) = (device(&c, "alice", "a1").await, device(&c, "bob", "b1").await, device(&c, "carol", "c1").await);
+    let (a1, b1, c1) =
+        (device(&c, "alice", "a1").await, device(&c, "bob", "b1").await, device(&c, "carol", "c1").await);
 
     alice.send("m1", "g", &json!({"text": "one"})).await.unwrap();
     let conv = alice.change_members("g", &["carol"], &[]).await.unwrap();
@@ -67,9 +68,10 @@ async fn membership_changes_take_their_seq_between_messages_and_bound_who_receiv
     received_seqs(&a1, "g", &[2, 4]).await;
     assert_eq!(
         a1.events("g"),
-        [(2, TimelineEvent::MemberAdded { users: users(&["carol"]) }), (4, TimelineEvent::MemberRemoved {
-            users: users(&["bob"])
-        })]
+        [
+            (2, TimelineEvent::MemberAdded { users: users(&["carol"]) }),
+            (4, TimelineEvent::MemberRemoved { users: users(&["bob"]) })
+        ]
     );
     // Carol gets her own join and what follows; bob what came before his removal, and it.
     received_seqs(&c1, "g", &[2, 3, 4, 5]).await;
@@ -236,6 +238,12 @@ async fn the_rust_device_shows_changes_recalled_messages_and_edited_text() {
     let lines: Vec<String> = log.screens["g"].iter().map(|l| l.text()).collect();
     assert_eq!(
         lines,
-        ["hello (edited)", "message recalled", "alice added carol", "alice renamed the conversation \"Team\"", "alice made bob admin"]
+        [
+            "hello (edited)",
+            "message recalled",
+            "alice added carol",
+            "alice renamed the conversation \"Team\"",
+            "alice made bob admin"
+        ]
     );
 }

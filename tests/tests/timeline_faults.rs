@@ -41,13 +41,18 @@ async fn an_edit_whose_answer_timed_out_is_committed_once_when_retried_with_its_
     .await;
     assert_eq!((committed.seq, committed.dup), (2, true), "{committed:?}");
     let db = c.db().await;
-    let rows: Vec<(u64, u64)> = sqlx::query_as("SELECT id, seq FROM messages WHERE event IS NOT NULL").fetch_all(&db).await.unwrap();
+    let rows: Vec<(u64, u64)> =
+        sqlx::query_as("SELECT id, seq FROM messages WHERE event IS NOT NULL").fetch_all(&db).await.unwrap();
     assert_eq!(rows, [(committed.id.0, 2)], "three tries, one edit");
     eventually(Duration::from_secs(10), "bob's device gets the edit", || async {
         (bob.events("g").len() == 1).then_some(())
     })
     .await;
-    let body: String = sqlx::query_scalar("SELECT CAST(body AS CHAR) FROM messages WHERE id = ?").bind(m1.id.0).fetch_one(&db).await.unwrap();
+    let body: String = sqlx::query_scalar("SELECT CAST(body AS CHAR) FROM messages WHERE id = ?")
+        .bind(m1.id.0)
+        .fetch_one(&db)
+        .await
+        .unwrap();
     assert_eq!(body, r#"{"text":"hello"}"#);
     bob.stop().await;
 }
@@ -100,7 +105,10 @@ async fn a_worker_killed_while_changes_wait_loses_none_and_repeats_none() {
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), (1..=12).collect::<Vec<u64>>(), "gap-free, no repeats");
     let titles: Vec<String> = rows.iter().filter_map(|r| r.1.clone()).collect();
     assert_eq!(titles.len(), 6, "every title change once: {titles:?}");
-    let title: String = sqlx::query_scalar("SELECT CAST(title AS CHAR) FROM conversations WHERE id = 'g'").fetch_one(&db).await.unwrap();
+    let title: String = sqlx::query_scalar("SELECT CAST(title AS CHAR) FROM conversations WHERE id = 'g'")
+        .fetch_one(&db)
+        .await
+        .unwrap();
     assert_eq!(title, "title 11");
 
     // Bob's device got all twelve, each seq once (repeats are dropped by id).

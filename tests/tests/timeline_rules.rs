@@ -28,7 +28,11 @@ fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
 }
 
 async fn last_seq(c: &Cluster, conv: &str) -> u64 {
-    sqlx::query_scalar("SELECT last_seq FROM conversations WHERE id = ?").bind(conv).fetch_one(&c.db().await).await.unwrap()
+    sqlx::query_scalar("SELECT last_seq FROM conversations WHERE id = ?")
+        .bind(conv)
+        .fetch_one(&c.db().await)
+        .await
+        .unwrap()
 }
 
 /// owner alice (the creator), then bob made admin; carol and dave members.
@@ -133,8 +137,10 @@ async fn senders_recall_and_edit_within_their_windows_and_managers_moderate() {
     assert_eq!(code(carol.recall(carols.id, "x6").await), ErrorCode::Conflict);
 
     // An event is no message; an unknown id, or another tenant's, is not found.
-    let event_id: u64 =
-        sqlx::query_scalar("SELECT id FROM messages WHERE event IS NOT NULL ORDER BY seq LIMIT 1").fetch_one(&c.db().await).await.unwrap();
+    let event_id: u64 = sqlx::query_scalar("SELECT id FROM messages WHERE event IS NOT NULL ORDER BY seq LIMIT 1")
+        .fetch_one(&c.db().await)
+        .await
+        .unwrap();
     assert_eq!(code(alice.recall(MsgId(event_id), "x7").await), ErrorCode::BadRequest);
     assert_eq!(code(alice.recall(MsgId(12345), "x8").await), ErrorCode::NotFound);
     let outsider = c.client_in(0, "globex", "alice", "a1");
@@ -143,7 +149,8 @@ async fn senders_recall_and_edit_within_their_windows_and_managers_moderate() {
     assert_eq!(code(alice.recall(alices.id, "").await), ErrorCode::BadRequest);
     let huge = json!({"text": "x".repeat(40_000)});
     assert_eq!(code(alice.edit(alices.id, "x10", &huge).await), ErrorCode::TooLarge);
-    let (status, _) = alice.post_raw(&format!("/v1/messages/{}/edit", alices.id), b"{\"cmid\":\"k\"}".to_vec()).await.unwrap();
+    let (status, _) =
+        alice.post_raw(&format!("/v1/messages/{}/edit", alices.id), b"{\"cmid\":\"k\"}".to_vec()).await.unwrap();
     assert_eq!(status, 400, "an edit needs its body");
 
     // Within the window the sender edits; past it, not (a recall's window is a day).
