@@ -1,6 +1,7 @@
 //! The integrity check every scenario ends with: for every message acknowledged to its
 //! sender, did every recipient device get it (loss), was anything shown twice, is every
-//! timeline in `seq` order?
+//! timeline in `seq` order? Timeline events (edits, recalls) count like messages: each
+//! takes a `seq` and is owed to every recipient device, its actor's own too.
 //!
 //! It works on a plain event log so that it can be tested on doctored logs: a checker
 //! that cannot fail would make the zeros in the reports meaningless.
@@ -9,7 +10,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-/// A send the server acknowledged (`sent` or HTTP `200`).
+/// A send the server acknowledged (`sent` or HTTP `200`), or a timeline change it
+/// committed (an edit or recall: an event with a `seq` of its own, owed to every
+/// recipient device like a message).
 #[derive(Clone, Debug)]
 pub struct Acked {
     pub id: u64,
@@ -18,6 +21,9 @@ pub struct Acked {
     pub sender: String,
     pub sender_device: String,
     pub cmid: String,
+    /// A timeline event: owed to its actor's own device too (a message is not: that
+    /// device has its `sent`).
+    pub event: bool,
 }
 
 impl Acked {
@@ -30,7 +36,13 @@ impl Acked {
             sender: sender.into(),
             sender_device: sender_device.into(),
             cmid,
+            event: false,
         }
+    }
+
+    /// From the server's answer to a timeline change (its first event).
+    pub fn event(r: &herald_shared::protocol::SendResult, actor: &str, actor_device: &str, key: String) -> Acked {
+        Acked { event: true, ..Acked::of(r, actor, actor_device, key) }
     }
 }
 
@@ -167,7 +179,7 @@ pub fn check(log: &EventLog) -> IntegrityReport {
     // Loss: every acknowledged message on every recipient device but the sender's.
     for a in unique.values() {
         for (user, device) in log.recipients.get(&a.conv).into_iter().flatten() {
-            if *user == a.sender && *device == a.sender_device {
+            if !a.event && *user == a.sender && *device == a.sender_device {
                 continue;
             }
             if before_joining(log, (user, device), a.id) {
@@ -203,7 +215,15 @@ mod tests {
     use super::*;
 
     fn acked(id: u64, seq: u64, cmid: &str) -> Acked {
-        Acked { id, conv: "c".into(), seq, sender: "alice".into(), sender_device: "a1".into(), cmid: cmid.into() }
+        Acked {
+            id,
+            conv: "c".into(),
+            seq,
+            sender: "alice".into(),
+            sender_device: "a1".into(),
+            cmid: cmid.into(),
+            event: false,
+        }
     }
 
     fn got(device: &str, id: u64, seq: u64) -> Received {
@@ -324,6 +344,65 @@ mod tests {
         let j = log.received.iter().position(|r| r.device.1 == "b1" && r.id == 104).unwrap();
         log.received.swap(i, j);
         assert!(check(&log).is_clean(), "the client reorders what arrives out of order");
+    }
+
+    /// The clean log with alice's edit (seq 6) and recall (seq 7) of her messages: shown
+    /// on bob's devices and on alice's own a1, which is owed events (not messages).
+    fn log_with_events() -> EventLog {
+        let mut log = clean_log();
+        for (id, seq) in [(106, 6), (107, 7)] {
+            log.acked.push(Acked { event: true, ..acked(id, seq, &format!("e{seq}")) });
+            deliver(&mut log, "b1", id, seq);
+            deliver(&mut log, "b2", id, seq);
+            let mine = Received { device: ("alice".into(), "a1".into()), ..got("a1", id, seq) };
+            log.received.push(mine.clone());
+            log.shown.push(mine);
+        }
+        log
+    }
+
+    #[test]
+    fn events_count_like_messages() {
+        let r = check(&log_with_events());
+        assert!(r.is_clean(), "{r:?}");
+        assert_eq!(r.acknowledged, 7);
+    }
+
+    #[test]
+    fn a_withheld_event_is_lost_on_its_actors_own_device_too() {
+        let mut log = log_with_events();
+        log.shown.retain(|r| !(r.device.1 == "a1" && r.id == 107));
+        let r = check(&log);
+        assert_eq!(r.lost, 1, "{r:?}");
+        assert!(r.samples[0].contains("id 107") && r.samples[0].contains("alice/a1"), "{:?}", r.samples);
+        let mut log = log_with_events();
+        log.shown.retain(|r| !(r.device.1 == "b2" && r.id == 106));
+        assert_eq!(check(&log).lost, 1);
+    }
+
+    #[test]
+    fn an_event_shown_twice_or_out_of_its_place_is_caught() {
+        let mut log = log_with_events();
+        log.shown.push(got("b1", 106, 6));
+        assert_eq!(check(&log).shown_twice, 1);
+
+        let mut log = log_with_events();
+        let i = log.shown.iter().position(|r| r.device.1 == "b2" && r.id == 106).unwrap();
+        let j = log.shown.iter().position(|r| r.device.1 == "b2" && r.id == 103).unwrap();
+        log.shown.swap(i, j);
+        assert!(check(&log).out_of_order >= 1, "an event shown before an earlier message");
+
+        let mut log = log_with_events();
+        for r in log.shown.iter_mut().filter(|r| r.device.1 == "b1" && r.id == 107) {
+            r.seq = 8;
+        }
+        assert!(check(&log).out_of_order >= 1, "an event under another seq than committed");
+
+        let mut log = log_with_events();
+        log.acked.push(Acked { event: true, ..acked(108, 8, "e6") });
+        deliver(&mut log, "b1", 108, 8);
+        deliver(&mut log, "b2", 108, 8);
+        assert_eq!(check(&log).shown_twice, 1, "one change's key committed twice");
     }
 
     #[test]
