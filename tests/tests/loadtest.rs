@@ -254,10 +254,8 @@ async fn timeline_changes_under_load_are_checked_like_messages() {
     assert_eq!(events, messages / 5, "one change every five messages, each committed once");
     let acknowledged = r["integrity"]["acknowledged"].as_i64().unwrap();
     assert_eq!(acknowledged, messages + events, "the check counted every event: {}", r["integrity"]);
-    let edited: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE edited_seq IS NOT NULL")
-        .fetch_one(&db)
-        .await
-        .unwrap();
+    let edited: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE edited_seq IS NOT NULL").fetch_one(&db).await.unwrap();
     let recalled: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE recalled_seq IS NOT NULL")
         .fetch_one(&db)
         .await

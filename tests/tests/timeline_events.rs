@@ -153,6 +153,11 @@ async fn recalls_and_edits_change_the_message_for_everyone_and_history_shows_it_
     assert_eq!((recalled.body.get(), recalled.recalled_seq), ("null", Some(4)), "recalled for everyone");
     assert!(c.redis().await.get::<Option<String>, _>(c.keys().message(second.id)).await.unwrap().is_none());
 
+    // The conversation list's latest entry is the recall.
+    let list = alice.list_conversations(10, None).await.unwrap();
+    assert_eq!(list["items"][0]["last_message"]["event"]["type"], "recalled", "{list}");
+    assert_eq!(list["items"][0]["unread"], 4, "events count in the unread count like messages");
+
     // The same key again: the first commit, not a second edit.
     let again = alice.edit(first.id, "e1", &json!({"text": "hello"})).await.unwrap();
     assert_eq!((again.id, again.seq, again.dup), (edit.id, 3, true));

@@ -260,7 +260,7 @@ pub async fn list(
     }
     if !last_ids.is_empty() {
         let mut qb = QueryBuilder::<MySql>::new(
-            "SELECT id, conv_id, seq, sender_id, client_msg_id, created_at, body FROM messages WHERE id IN (",
+            "SELECT id, conv_id, seq, sender_id, client_msg_id, created_at, body, event, edited_seq, recalled_seq FROM messages WHERE id IN (",
         );
         let mut sep = qb.separated(", ");
         for id in &last_ids {
@@ -287,6 +287,16 @@ pub async fn list(
                     "ts": m.try_get::<i64, _>(5)?,
                     "body": serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
                 });
+                // The latest entry may be a timeline event, or an edited or recalled
+                // message (docs/protocol.md section 4.11).
+                if let Some(event) = m.opt_text(7)?.and_then(|e| serde_json::from_str::<Value>(&e).ok()) {
+                    item["last_message"]["event"] = event;
+                }
+                for (i, field) in [(8, "edited_seq"), (9, "recalled_seq")] {
+                    if let Some(seq) = m.try_get::<Option<u64>, _>(i)? {
+                        item["last_message"][field] = json!(seq);
+                    }
+                }
             }
         }
     }
