@@ -103,6 +103,18 @@ async fn membership_changes_take_their_seq_between_messages_and_bound_who_receiv
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!seqs(&c1, "g").contains(&7));
 
+    // The admin trace of an event names it and follows it to the actor's device too.
+    let join: u64 = sqlx::query_scalar("SELECT id FROM messages WHERE conv_id = 'g' AND seq = 2")
+        .fetch_one(&c.db().await)
+        .await
+        .unwrap();
+    let (status, trace) =
+        c.admin(0).get(&format!("/admin/messages/{join}/trace"), Some(herald_tests::ADMIN_TOKEN)).await;
+    assert_eq!((status, &trace["event"]["type"]), (200, &json!("member_added")), "{trace}");
+    let traced: Vec<&str> =
+        trace["recipients"].as_array().unwrap().iter().map(|r| r["device"].as_str().unwrap()).collect();
+    assert!(traced.contains(&"a1"), "{trace}");
+
     let db = c.db().await;
     let rows: Vec<(u64, i64)> =
         sqlx::query_as("SELECT seq, event IS NOT NULL FROM messages WHERE conv_id = 'g' ORDER BY seq")
