@@ -49,7 +49,7 @@ LAYERS = {
     "worker": [
         ["lease", "batch", "projections", "janitor"],
         ["commit", "fanout", "reads", "delivered", "push"],
-        ["outbox", "committer"],
+        ["outbox", "committer", "timeline"],
         ["context"],
         ["group"],
         ["ingress", "trace"],

@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use herald_shared::error::{ErrorBody, ErrorCode};
+use herald_shared::ids::MsgId;
 use herald_shared::protocol::SendResult;
 
 /// What went wrong with a call: the protocol's error, or the transport.
@@ -108,6 +109,30 @@ impl HttpClient {
     pub async fn change_members(&self, conv: &str, add: &[&str], remove: &[&str]) -> Result<Value, ClientError> {
         let body = json!({"add": add, "remove": remove});
         Ok(self.call(self.http.post(format!("{}/v1/conversations/{conv}/members", self.base)).json(&body)).await?.1)
+    }
+
+    /// Sets or removes the title of a group (docs/protocol.md section 2.13).
+    pub async fn change_title(&self, conv: &str, title: Option<&str>) -> Result<Value, ClientError> {
+        let body = json!({ "title": title });
+        Ok(self.call(self.http.post(format!("{}/v1/conversations/{conv}/title", self.base)).json(&body)).await?.1)
+    }
+
+    /// Gives a member of a group a role: `owner`, `admin` or `member` (section 2.14).
+    pub async fn change_role(&self, conv: &str, user: &str, role: &str) -> Result<Value, ClientError> {
+        let body = json!({ "user": user, "role": role });
+        Ok(self.call(self.http.post(format!("{}/v1/conversations/{conv}/roles", self.base)).json(&body)).await?.1)
+    }
+
+    /// Recalls a message under the idempotency key `cmid`: the recall's event (section 2.15).
+    pub async fn recall(&self, id: MsgId, cmid: &str) -> Result<SendResult, ClientError> {
+        let body = json!({ "cmid": cmid });
+        Ok(self.call(self.http.post(format!("{}/v1/messages/{id}/recall", self.base)).json(&body)).await?.1)
+    }
+
+    /// Edits a message under the idempotency key `cmid`: the edit's event (section 2.16).
+    pub async fn edit(&self, id: MsgId, cmid: &str, new_body: &Value) -> Result<SendResult, ClientError> {
+        let body = json!({ "cmid": cmid, "body": new_body });
+        Ok(self.call(self.http.post(format!("{}/v1/messages/{id}/edit", self.base)).json(&body)).await?.1)
     }
 
     pub async fn list_conversations(&self, limit: u32, cursor: Option<&str>) -> Result<Value, ClientError> {

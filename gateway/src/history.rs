@@ -9,7 +9,7 @@ use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::MsgId;
 use herald_shared::keys::{DeviceKey, Keys};
-use herald_shared::protocol::Message;
+use herald_shared::protocol::{Message, TimelineEvent};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::mysql::{MySqlPool, MySqlRow};
@@ -39,11 +39,21 @@ pub struct Page {
     pub joined_seq: Option<u64>,
 }
 
-const MESSAGE_COLUMNS: &str =
-    "msg.id, msg.conv_id, msg.seq, msg.sender_id, msg.client_msg_id, msg.created_at, msg.body";
+const MESSAGE_COLUMNS: &str = "msg.id, msg.conv_id, msg.seq, msg.sender_id, msg.client_msg_id, msg.created_at, \
+     msg.body, msg.event, msg.edited_seq, msg.recalled_seq";
 
+/// What a device's band leaves out (binds its user and device): its own messages, which
+/// it has from their `sent`; its own timeline events reach it like everyone's.
+const NOT_OWN: &str = "AND NOT (msg.event IS NULL AND msg.sender_id = ? AND msg.sender_device = ?)";
+
+/// A message or event as it is now: an edited message with its latest body, a recalled
+/// one with a null body (docs/protocol.md section 4.11).
 fn message(r: &MySqlRow) -> Result<Message, sqlx::Error> {
     let body = r.text(6)?;
+    let event = match r.opt_text(7)? {
+        Some(e) => Some(serde_json::from_str::<TimelineEvent>(&e).map_err(|e| sqlx::Error::Decode(Box::new(e)))?),
+        None => None,
+    };
     Ok(Message {
         id: MsgId(r.try_get::<u64, _>(0)?),
         conv: r.text(1)?,
@@ -53,6 +63,9 @@ fn message(r: &MySqlRow) -> Result<Message, sqlx::Error> {
         ts: r.try_get::<i64, _>(5)? as u64,
         body: RawValue::from_string(body).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         status: None,
+        event,
+        edited_seq: r.try_get(8)?,
+        recalled_seq: r.try_get(9)?,
     })
 }
 
@@ -153,8 +166,7 @@ impl History {
         let rows = sqlx::query(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
              WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.id <= ? AND msg.seq > m.joined_seq \
-             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) AND NOT (msg.sender_id = ? AND msg.sender_device = ?) \
-             ORDER BY msg.id LIMIT ?"
+             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) {NOT_OWN} ORDER BY msg.id LIMIT ?"
         ))
         .bind(&d.tenant)
         .bind(&d.user)
@@ -170,11 +182,11 @@ impl History {
 
     /// How many messages a band holds, counting at most `max`.
     pub async fn band_count(&self, d: &DeviceKey, low: MsgId, high: MsgId, max: u32) -> Result<u64, sqlx::Error> {
-        let n: i64 = sqlx::query_scalar(
+        let n: i64 = sqlx::query_scalar(&format!(
             "SELECT COUNT(*) FROM (SELECT 1 FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
              WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id >= ? AND msg.id <= ? AND msg.seq > m.joined_seq \
-             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) AND NOT (msg.sender_id = ? AND msg.sender_device = ?) LIMIT ?) band",
-        )
+             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) {NOT_OWN} LIMIT ?) band"
+        ))
         .bind(&d.tenant)
         .bind(&d.user)
         .bind(low.0)

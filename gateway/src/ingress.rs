@@ -1,5 +1,5 @@
-//! The way into the workers: a send or a read receipt is appended to its
-//! conversation's ingress stream, and its answer awaited on this node's channel. The
+//! The way into the workers: a send, a read receipt or a timeline change is appended
+//! to its conversation's ingress stream, and its answer awaited on this node's channel. The
 //! worker answers only after COMMIT; without an answer in time the caller hears
 //! `unavailable` and resends with the same `cmid` (it gets the first commit back with
 //! `dup: true`).
@@ -11,7 +11,9 @@ use fred::prelude::*;
 use herald_shared::auth::{is_valid_ident, Claims};
 use herald_shared::error::ErrorCode;
 use herald_shared::keys::{shard_of, Keys};
-use herald_shared::protocol::{IngressEntry, ReadEntry, SendOutcome, SendResult, MAX_CMID_LEN};
+use herald_shared::protocol::{
+    IngressEntry, ReadEntry, SendOutcome, SendResult, TimelineEntry, TimelineOp, MAX_CMID_LEN,
+};
 use serde_json::value::RawValue;
 
 use crate::error::{ApiError, ApiResult};
@@ -94,6 +96,45 @@ impl Ingress {
         entry.rid = waiter.rid;
         let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
         Ok(waiter)
+    }
+
+    /// Appends a timeline change of `actor` (a user, or a service: `by_service`) to the
+    /// conversation's stream, in order with its sends, and waits for its events (none
+    /// when it changed nothing; those of the first commit for a repeated `cmid`).
+    pub async fn timeline(
+        &self,
+        actor: &Claims,
+        by_service: bool,
+        conv: String,
+        cmid: String,
+        op: TimelineOp,
+    ) -> ApiResult<Vec<SendResult>> {
+        if !is_valid_ident(&conv) {
+            return Err(ApiError::bad_request("conv must be 1..64 printable ASCII characters"));
+        }
+        let shard = shard_of(&actor.tid, &conv, self.shards);
+        let mut entry = TimelineEntry {
+            tenant: actor.tid.clone(),
+            user: actor.sub.clone(),
+            device: actor.dev.clone(),
+            cmid,
+            conv,
+            by_service,
+            op,
+            node: self.node_id.clone(),
+            rid: 0,
+        };
+        let waiter = self.waiters.register(entry.echo());
+        entry.rid = waiter.rid;
+        let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+        let Some(answer) = self.answer(waiter).await else {
+            metrics::counter!("herald_send_timeouts_total", "transport" => "timeline").increment(1);
+            return Err(not_confirmed());
+        };
+        match answer? {
+            SendOutcome::Timeline(events) => Ok(events),
+            _ => Err(ApiError::new(ErrorCode::Internal, "unexpected answer")),
+        }
     }
 
     /// Appends and waits for the committed answer (`POST /v1/messages`).

@@ -176,6 +176,10 @@ pub struct Traffic {
     /// Sends each sender may have waiting for an answer at once.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub in_flight: u32,
+    /// Every N messages a sender edits its latest, the next time recalls it (timeline
+    /// events, checked like messages); 0: none.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub change_every: u64,
 }
 
 #[derive(Debug, Clone, Args)]

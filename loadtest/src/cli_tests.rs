@@ -152,6 +152,17 @@ fn senders_send_over_http_or_ws_with_some_in_flight() {
 }
 
 #[test]
+fn senders_change_their_messages_only_when_asked() {
+    let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
+    assert_eq!(s.traffic.change_every, 0, "no timeline changes by default");
+    let Command::Chaos(c) = parse(&["chaos", "--action", "1=true", "--change-every", "10"]).unwrap() else {
+        panic!("chaos")
+    };
+    assert_eq!(c.traffic.change_every, 10);
+    assert!(parse(&["steady", "--change-every", "-1"]).is_err());
+}
+
+#[test]
 fn every_scenario_takes_the_processes_to_measure() {
     for scenario in ["steady", "fanout", "storm", "chaos", "idle", "soak"] {
         let words =

@@ -165,11 +165,44 @@ pub async fn send_durably(
     body: &Value,
     deadline: Duration,
 ) -> Result<herald_shared::protocol::SendResult, ClientError> {
+    durably(clients, first, deadline, |c| c.send(cmid, conv, body)).await
+}
+
+/// A timeline change of a committed message, durable like a send: `Some(body)` edits
+/// it, `None` recalls it, under the idempotency key `cmid`.
+pub async fn change_durably(
+    clients: &[HttpClient],
+    first: usize,
+    target: herald_shared::ids::MsgId,
+    cmid: &str,
+    edit: Option<&Value>,
+    deadline: Duration,
+) -> Result<herald_shared::protocol::SendResult, ClientError> {
+    durably(clients, first, deadline, |c| async move {
+        match edit {
+            Some(body) => c.edit(target, cmid, body).await,
+            None => c.recall(target, cmid).await,
+        }
+    })
+    .await
+}
+
+/// Runs `call` until the server commits (it retries with the same idempotency key).
+async fn durably<'a, F, Fut>(
+    clients: &'a [HttpClient],
+    first: usize,
+    deadline: Duration,
+    call: F,
+) -> Result<herald_shared::protocol::SendResult, ClientError>
+where
+    F: Fn(&'a HttpClient) -> Fut,
+    Fut: std::future::Future<Output = Result<herald_shared::protocol::SendResult, ClientError>>,
+{
     let started = Instant::now();
     let mut gw = first;
     let mut pause = Duration::from_millis(50);
     loop {
-        let e = match clients[gw % clients.len()].send(cmid, conv, body).await {
+        let e = match call(&clients[gw % clients.len()]).await {
             Ok(r) => return Ok(r),
             Err(e) => e,
         };
@@ -198,6 +231,10 @@ pub struct SendPlan {
     pub payload: usize,
     /// `cmid`s are this prefix and a counter.
     pub cmid_prefix: String,
+    /// Every this many messages a sender changes its latest one, over HTTP: edits it,
+    /// and the next time recalls it (timeline events, counted by the integrity check
+    /// like messages). 0: no changes.
+    pub change_every: u64,
 }
 
 /// Waits until every device is online and caught up and no delivery and no `sync`

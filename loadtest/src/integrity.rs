@@ -1,6 +1,7 @@
 //! The integrity check every scenario ends with: for every message acknowledged to its
 //! sender, did every recipient device get it (loss), was anything shown twice, is every
-//! timeline in `seq` order?
+//! timeline in `seq` order? Timeline events (edits, recalls) count like messages: each
+//! takes a `seq` and is owed to every recipient device, its actor's own too.
 //!
 //! It works on a plain event log so that it can be tested on doctored logs: a checker
 //! that cannot fail would make the zeros in the reports meaningless.
@@ -9,7 +10,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-/// A send the server acknowledged (`sent` or HTTP `200`).
+/// A send the server acknowledged (`sent` or HTTP `200`), or a timeline change it
+/// committed (an edit or recall: an event with a `seq` of its own, owed to every
+/// recipient device like a message).
 #[derive(Clone, Debug)]
 pub struct Acked {
     pub id: u64,
@@ -18,6 +21,9 @@ pub struct Acked {
     pub sender: String,
     pub sender_device: String,
     pub cmid: String,
+    /// A timeline event: owed to its actor's own device too (a message is not: that
+    /// device has its `sent`).
+    pub event: bool,
 }
 
 impl Acked {
@@ -30,7 +36,13 @@ impl Acked {
             sender: sender.into(),
             sender_device: sender_device.into(),
             cmid,
+            event: false,
         }
+    }
+
+    /// From the server's answer to a timeline change (its first event).
+    pub fn event(r: &herald_shared::protocol::SendResult, actor: &str, actor_device: &str, key: String) -> Acked {
+        Acked { event: true, ..Acked::of(r, actor, actor_device, key) }
     }
 }
 
@@ -167,7 +179,7 @@ pub fn check(log: &EventLog) -> IntegrityReport {
     // Loss: every acknowledged message on every recipient device but the sender's.
     for a in unique.values() {
         for (user, device) in log.recipients.get(&a.conv).into_iter().flatten() {
-            if *user == a.sender && *device == a.sender_device {
+            if !a.event && *user == a.sender && *device == a.sender_device {
                 continue;
             }
             if before_joining(log, (user, device), a.id) {
@@ -199,141 +211,5 @@ fn before_joining(log: &EventLog, dev: Dev, id: u64) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn acked(id: u64, seq: u64, cmid: &str) -> Acked {
-        Acked { id, conv: "c".into(), seq, sender: "alice".into(), sender_device: "a1".into(), cmid: cmid.into() }
-    }
-
-    fn got(device: &str, id: u64, seq: u64) -> Received {
-        Received { device: ("bob".into(), device.into()), id, conv: "c".into(), seq, via_sync: false }
-    }
-
-    /// Arrives and is shown.
-    fn deliver(log: &mut EventLog, device: &str, id: u64, seq: u64) {
-        log.received.push(got(device, id, seq));
-        log.shown.push(got(device, id, seq));
-    }
-
-    fn clean_log() -> EventLog {
-        let mut log = EventLog::default();
-        log.recipients.insert(
-            "c".into(),
-            vec![("alice".into(), "a1".into()), ("bob".into(), "b1".into()), ("bob".into(), "b2".into())],
-        );
-        for n in 1..=5 {
-            log.acked.push(acked(100 + n, n, &format!("m{n}")));
-            deliver(&mut log, "b1", 100 + n, n);
-            deliver(&mut log, "b2", 100 + n, n);
-        }
-        log
-    }
-
-    #[test]
-    fn a_clean_log_is_clean() {
-        let r = check(&clean_log());
-        assert!(r.is_clean(), "{r:?}");
-        assert_eq!(r.acknowledged, 5);
-        assert_eq!((r.repeats_on_wire, r.recovered_by_sync), (0, 0));
-    }
-
-    #[test]
-    fn a_withheld_message_is_lost() {
-        let mut log = clean_log();
-        log.received.retain(|r| !(r.device.1 == "b2" && r.id == 103));
-        log.shown.retain(|r| !(r.device.1 == "b2" && r.id == 103));
-        let r = check(&log);
-        assert_eq!(r.lost, 1);
-        assert!(!r.is_clean());
-        assert!(r.samples[0].contains("id 103") && r.samples[0].contains("never arrived"), "{:?}", r.samples);
-    }
-
-    #[test]
-    fn a_device_that_joined_late_owes_only_what_came_after() {
-        let mut log = clean_log();
-        log.received.retain(|r| !(r.device.1 == "b2" && r.id < 104));
-        log.shown.retain(|r| !(r.device.1 == "b2" && r.id < 104));
-        assert_eq!(check(&log).lost, 3);
-        log.since.insert(("bob".into(), "b2".into()), 104);
-        assert!(check(&log).is_clean());
-        log.shown.retain(|r| !(r.device.1 == "b2" && r.id == 105));
-        assert_eq!(check(&log).lost, 1, "what came after it joined is still owed");
-    }
-
-    #[test]
-    fn history_synced_by_a_device_that_joined_late_is_not_a_recovery() {
-        let mut log = clean_log();
-        for r in log.received.iter_mut().filter(|r| r.device.1 == "b2" && (r.id == 102 || r.id == 105)) {
-            r.via_sync = true;
-        }
-        assert_eq!(check(&log).recovered_by_sync, 2);
-        log.since.insert(("bob".into(), "b2".into()), 104);
-        assert_eq!(check(&log).recovered_by_sync, 1, "102 came before b2 joined, 105 after");
-    }
-
-    #[test]
-    fn repeats_on_the_wire_are_counted_but_allowed() {
-        let mut log = clean_log();
-        log.received.push(got("b1", 102, 2));
-        let r = check(&log);
-        assert_eq!(r.repeats_on_wire, 1);
-        assert!(r.is_clean());
-    }
-
-    #[test]
-    fn one_cmid_committed_twice_is_shown_twice() {
-        let mut log = clean_log();
-        log.acked.push(acked(999, 6, "m3"));
-        deliver(&mut log, "b1", 999, 6);
-        deliver(&mut log, "b2", 999, 6);
-        assert_eq!(check(&log).shown_twice, 1);
-    }
-
-    #[test]
-    fn one_message_shown_twice_on_a_device_is_shown_twice() {
-        let mut log = clean_log();
-        log.shown.push(got("b2", 104, 4));
-        let r = check(&log);
-        assert_eq!(r.shown_twice, 1);
-        assert!(!r.is_clean());
-    }
-
-    #[test]
-    fn reordered_or_conflicting_timelines_are_out_of_order() {
-        let mut log = clean_log();
-        let i = log.shown.iter().position(|r| r.device.1 == "b1" && r.id == 102).unwrap();
-        let j = log.shown.iter().position(|r| r.device.1 == "b1" && r.id == 104).unwrap();
-        log.shown.swap(i, j);
-        assert!(check(&log).out_of_order >= 1, "a timeline shown out of seq order");
-
-        let mut log = clean_log();
-        log.acked.push(Acked { sender: "carol".into(), sender_device: "c1".into(), ..acked(555, 3, "x") });
-        log.shown.push(got("b1", 555, 6));
-        assert!(check(&log).out_of_order >= 1, "shown under another seq than acknowledged");
-
-        let mut log = clean_log();
-        log.shown.push(Received { device: ("bob".into(), "b3".into()), ..got("b3", 777, 2) });
-        assert!(check(&log).out_of_order >= 1, "two messages with one seq");
-    }
-
-    #[test]
-    fn arrival_order_alone_is_not_disorder() {
-        let mut log = clean_log();
-        let i = log.received.iter().position(|r| r.device.1 == "b1" && r.id == 102).unwrap();
-        let j = log.received.iter().position(|r| r.device.1 == "b1" && r.id == 104).unwrap();
-        log.received.swap(i, j);
-        assert!(check(&log).is_clean(), "the client reorders what arrives out of order");
-    }
-
-    #[test]
-    fn gaps_filled_by_sync_are_counted() {
-        let mut log = clean_log();
-        for r in log.received.iter_mut().filter(|r| r.device.1 == "b2" && r.id == 105) {
-            r.via_sync = true;
-        }
-        let r = check(&log);
-        assert_eq!(r.recovered_by_sync, 1);
-        assert!(r.is_clean());
-    }
-}
+#[path = "integrity_tests.rs"]
+mod tests;

@@ -4,6 +4,8 @@
 //! fixed time; a sender behind its schedule sends what is due as soon as a send slot
 //! frees (up to `in_flight` sends waiting for answers at once), and every latency counts
 //! from the due time. Every send is retried with its `cmid` until the server commits it.
+//! With `change_every`, a sender also edits or recalls its latest message now and then
+//! (over HTTP, durably like a send): timeline events the integrity check counts too.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::cli::SendVia;
-use crate::engine::{send_durably, AckLog, Conv, SendPlan, Target};
+use crate::engine::{change_durably, send_durably, AckLog, Conv, SendPlan, Target};
 use crate::integrity::Acked;
 use crate::load::{Clock, Schedule};
 use crate::pacer::Pacer;
@@ -51,12 +53,14 @@ impl Default for SenderOptions {
     }
 }
 
-/// One transport per conversation's sender, connected: WebSocket senders are online.
-pub struct Ready(Vec<Transport>);
+/// One transport per conversation's sender, connected (WebSocket senders are online),
+/// and its HTTP clients for timeline changes.
+pub struct Ready(Vec<Transport>, Vec<Vec<HttpClient>>);
 
 /// Connects one sender per conversation: HTTP clients, or devices of the senders whose
 /// sessions are open before this returns (so the schedule does not start with them).
 pub async fn connect(target: &Target, convs: &[Conv], via: SendVia) -> Result<Ready> {
+    let changes = convs.iter().map(|c| clients(target, c)).collect();
     let transports = match via {
         SendVia::Http => convs.iter().map(|c| http(target, c)).collect(),
         SendVia::Ws => {
@@ -73,7 +77,7 @@ pub async fn connect(target: &Target, convs: &[Conv], via: SendVia) -> Result<Re
             senders.into_iter().map(Transport::Ws).collect()
         }
     };
-    Ok(Ready(transports))
+    Ok(Ready(transports, changes))
 }
 
 /// HTTP senders, started at once.
@@ -85,18 +89,24 @@ pub fn spawn_http(
     acked: &AckLog,
     stop: &Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let ready = Ready(convs.iter().map(|c| http(target, c)).collect());
+    let ready =
+        Ready(convs.iter().map(|c| http(target, c)).collect(), convs.iter().map(|c| clients(target, c)).collect());
     spawn(ready, convs, plan, SenderOptions::default(), rec, acked, stop)
 }
 
 fn http(target: &Target, c: &Conv) -> Transport {
-    Transport::Http((0..target.gateways.len()).map(|g| target.http_as(g, &c.sender, "s")).collect())
+    Transport::Http(clients(target, c))
+}
+
+/// The sender's HTTP clients, one per gateway.
+fn clients(target: &Target, c: &Conv) -> Vec<HttpClient> {
+    (0..target.gateways.len()).map(|g| target.http_as(g, &c.sender, "s")).collect()
 }
 
 /// Starts the senders of `ready`, together offering `plan.rate` msg/s (0: each as fast
 /// as its answers come) from now, until `stop`.
 pub fn spawn(
-    Ready(transports): Ready,
+    Ready(transports, changes): Ready,
     convs: &[Conv],
     plan: &SendPlan,
     opts: SenderOptions,
@@ -108,9 +118,10 @@ pub fn spawn(
     let start = Instant::now();
     transports
         .into_iter()
+        .zip(changes)
         .zip(convs)
         .enumerate()
-        .map(|(k, (transport, c))| {
+        .map(|(k, ((transport, changes), c))| {
             // Spread the first sends over one interval so the senders do not beat in step.
             let schedule = interval.map(|i| Schedule { first: start + i.mul_f64(k as f64 / 97.0 % 1.0), interval: i });
             let opts = SenderOptions { in_flight: opts.in_flight.max(1), ..opts };
@@ -118,6 +129,8 @@ pub fn spawn(
                 k,
                 conv: c.clone(),
                 transport,
+                changes,
+                change_every: plan.change_every,
                 prefix: plan.cmid_prefix.clone(),
                 pad: "x".repeat(plan.payload.saturating_sub(50)),
                 schedule,
@@ -155,31 +168,40 @@ struct Sender {
     k: usize,
     conv: Conv,
     transport: Transport,
+    /// HTTP clients for timeline changes, and how often one follows a send (0: never).
+    changes: Vec<HttpClient>,
+    change_every: u64,
     prefix: String,
     pad: String,
     schedule: Option<Schedule>,
     opts: SenderOptions,
 }
 
-/// A send that ended: its `cmid`, when it was due and sent, and the server's answer.
-type Done = (String, Instant, Instant, Result<SendResult>);
+/// A send that ended: its `cmid`, when it was due, sent and answered, the server's
+/// answer, and the timeline change that followed it (its key and answer), if any.
+type Done = (String, Instant, Instant, Instant, Result<SendResult>, Option<(String, Result<SendResult>)>);
 
 impl Sender {
     async fn run(self, rec: Arc<Recorder>, acked: AckLog, stop: Arc<AtomicBool>) {
-        let Sender { k, conv, transport, prefix, pad, schedule, opts } = self;
+        let Sender { k, conv, transport, changes, change_every, prefix, pad, schedule, opts } = self;
         let clock = Clock::now();
-        let finish = |(cmid, due, sent, r): Done| {
-            let now = Instant::now();
+        let failed = |e: anyhow::Error| {
+            if rec.send_errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                eprintln!("send failed: {e:#}");
+            }
+        };
+        let finish = |(cmid, due, sent, answered, r, change): Done| {
             match r {
                 Ok(r) => {
-                    rec.send_done(now.duration_since(due), now.duration_since(sent));
+                    rec.send_done(answered.duration_since(due), answered.duration_since(sent));
                     acked.lock().expect("log").push(Acked::of(&r, &conv.sender, "s", cmid));
                 }
-                Err(e) => {
-                    if rec.send_errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                        eprintln!("send failed: {e:#}");
-                    }
-                }
+                Err(e) => failed(e),
+            }
+            match change {
+                Some((key, Ok(r))) => acked.lock().expect("log").push(Acked::event(&r, &conv.sender, "s", key)),
+                Some((_, Err(e))) => failed(e),
+                None => {}
             }
         };
         let mut in_flight = FuturesUnordered::new();
@@ -226,10 +248,23 @@ impl Sender {
             }
             let cmid = format!("{prefix}{n}");
             let body = json!({"t0": clock.micros(now), "ti": clock.micros(due), "pad": pad});
-            let (transport, conv_id) = (&transport, &conv.id);
+            let (transport, conv_id, changes) = (&transport, &conv.id, &changes);
+            // Every `change_every`th message is edited, the next time recalled.
+            let change = (change_every > 0 && (n + 1).is_multiple_of(change_every))
+                .then(|| (n / change_every).is_multiple_of(2));
             in_flight.push(async move {
                 let r = transport.send(k, &cmid, conv_id, &body).await;
-                (cmid, due, now, r)
+                let answered = Instant::now();
+                let changed = match (&r, change) {
+                    (Ok(sent), Some(edit)) => {
+                        let key = format!("{cmid}-c");
+                        let new_body = edit.then(|| json!({"edited": n}));
+                        let r = change_durably(changes, k, sent.id, &key, new_body.as_ref(), DEADLINE).await;
+                        Some((key, r.map_err(anyhow::Error::from)))
+                    }
+                    _ => None,
+                };
+                (cmid, due, now, answered, r, changed)
             });
             n += 1;
         };

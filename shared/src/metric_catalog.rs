@@ -63,7 +63,7 @@ pub const METRICS: &[Metric] = &[
     ),
     counter(
         "herald_send_timeouts_total",
-        "Sends answered unavailable: no commit confirmed within gateway.send_timeout_ms, by transport (http, ws, server).",
+        "Sends answered unavailable: no commit confirmed within gateway.send_timeout_ms, by transport (http, ws, server; timeline: a timeline change).",
     ),
     counter(
         "herald_read_timeouts_total",
@@ -171,6 +171,11 @@ pub const METRICS: &[Metric] = &[
     counter("herald_delivered_positions_total", "Delivered positions moved forward in MySQL."),
     counter("herald_status_pushes_total", "Delivery status pushes published to gateway nodes."),
     counter("herald_status_errors_total", "Delivered positions committed whose senders' status could not be pushed."),
+    counter(
+        "herald_timeline_changes_total",
+        "Timeline changes (members, title, roles, recalls, edits) answered, by outcome: committed, unchanged, \
+         repeat, or the refusal's error code.",
+    ),
     // Worker: offline push.
     gauge("herald_push_waiting", "Collapsed notifications waiting out push.delay_ms in this worker."),
     counter(

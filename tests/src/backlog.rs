@@ -94,6 +94,9 @@ async fn write(redis: &Client, keys: &Keys, user: &str, device: &str, conv: &str
                     ts: 0,
                     body: RawValue::from_string("{}".into()).expect("a JSON body"),
                     status: None,
+                    event: None,
+                    edited_seq: None,
+                    recalled_seq: None,
                 };
                 (keys.message(m.id), msg_frame(&m))
             })

@@ -28,6 +28,7 @@ const HELLO_WITHIN: Duration = Duration::from_secs(25);
 /// The device's observer: records into the vectors and maps the AutoDevice shares.
 struct Recorder {
     received: Shared<Vec<Seen>>,
+    messages: Shared<Vec<Message>>,
     sent: Shared<HashMap<String, Seen>>,
     others: Shared<Vec<ServerFrame>>,
     closed: Shared<Option<Option<u16>>>,
@@ -37,6 +38,7 @@ struct Recorder {
 impl Observer for Recorder {
     fn message(&self, msg: &Message, _via: Via, _into_session: Duration) {
         self.received.lock().unwrap().push((msg.conv.clone(), msg.seq, msg.id.0));
+        self.messages.lock().unwrap().push(msg.clone());
     }
 
     fn caught_up(&self, _after: Duration) {}
@@ -65,6 +67,8 @@ pub struct AutoDevice {
     pub device: String,
     /// Every `msg`, repeats included, in arrival order.
     pub received: Shared<Vec<Seen>>,
+    /// The same `msg` frames whole (bodies, timeline events).
+    pub messages: Shared<Vec<Message>>,
     /// Answers to this device's sends, by cmid.
     pub sent: Shared<HashMap<String, Seen>>,
     /// The server's close code once the session was closed (`Some(None)`: lost without
@@ -100,6 +104,7 @@ impl AutoDevice {
     pub async fn start(spec: DeviceSpec) -> Option<AutoDevice> {
         let recorder = Arc::new(Recorder {
             received: Shared::default(),
+            messages: Shared::default(),
             sent: Shared::default(),
             others: Shared::default(),
             closed: Shared::default(),
@@ -116,6 +121,7 @@ impl AutoDevice {
             user,
             device,
             received: recorder.received.clone(),
+            messages: recorder.messages.clone(),
             sent: recorder.sent.clone(),
             closed: recorder.closed.clone(),
             others: recorder.others.clone(),
@@ -135,6 +141,12 @@ impl AutoDevice {
 
     pub async fn send(&self, cmid: &str, conv: &str, body: serde_json::Value) {
         self.send_frame(send_frame(cmid, conv, &body)).await;
+    }
+
+    /// The timeline events received so far, with their `seq` (repeats included).
+    pub fn events(&self, conv: &str) -> Vec<(u64, herald_shared::protocol::TimelineEvent)> {
+        let messages = self.messages.lock().unwrap();
+        messages.iter().filter(|m| m.conv == conv).filter_map(|m| Some((m.seq, m.event.clone()?))).collect()
     }
 
     /// Ids received so far (repeats dropped).

@@ -64,11 +64,14 @@ pub struct Traffic {
     pub conversations: usize,
     /// Sends per second, all senders together.
     pub rate: f64,
+    /// Every this many messages a sender edits (then recalls) its latest: timeline
+    /// events, which the integrity check counts like messages through every fault.
+    pub change_every: u64,
 }
 
 impl Default for Traffic {
     fn default() -> Traffic {
-        Traffic { conversations: 30, rate: 150.0 }
+        Traffic { conversations: 30, rate: 150.0, change_every: 10 }
     }
 }
 
@@ -156,7 +159,7 @@ impl Drill {
         .await;
         let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let plan = SendPlan { rate: t.rate, payload: 100, cmid_prefix: "m".into() };
+        let plan = SendPlan { rate: t.rate, payload: 100, cmid_prefix: "m".into(), change_every: t.change_every };
         let senders = herald_loadtest::senders::spawn_http(&target, &convs, &plan, &rec, &acked, &stop);
         rec.note(format!("{} devices online; sending {} msg/s", convs.len(), t.rate));
         Drill {

@@ -218,17 +218,19 @@ async fn joiners_see_only_later_messages_and_removed_members_nothing_more() {
     for n in 50..60 {
         alice.send_until_committed(&format!("m{n}"), "g", &json!({}), 20).await.unwrap();
     }
+    // Carol's join is seq 51 (a timeline event): she gets it and what follows.
     let received = carol.received.clone();
-    eventually(Duration::from_secs(10), "carol gets 51..60", || {
+    eventually(Duration::from_secs(10), "carol gets 51..61", || {
         let seqs: Vec<u64> = received.lock().unwrap().iter().map(|r| r.1).collect();
-        async move { (seqs.len() >= 10).then_some(()) }
+        async move { (seqs.len() >= 11).then_some(()) }
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seqs: Vec<u64> = carol.received.lock().unwrap().iter().map(|r| r.1).collect();
-    assert_eq!(seqs, (51..=60).collect::<Vec<u64>>());
+    assert_eq!(seqs, (51..=61).collect::<Vec<u64>>());
 
-    // bob removed at seq 60: his send is refused, he receives nothing later.
+    // bob removed by the event at seq 62: his send is refused, he receives that event
+    // and nothing later.
     alice.change_members("g", &[], &["bob"]).await.unwrap();
     let e = c.client(0, "bob", "b1").send("late", "g", &json!({})).await.unwrap_err();
     assert_eq!(e.code(), Some(herald_shared::error::ErrorCode::Forbidden));
@@ -238,12 +240,12 @@ async fn joiners_see_only_later_messages_and_removed_members_nothing_more() {
     let received = carol.received.clone();
     eventually(Duration::from_secs(10), "carol gets the later ones", || {
         let n = received.lock().unwrap().len();
-        async move { (n >= 15).then_some(()) }
+        async move { (n >= 17).then_some(()) }
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let bob_max = bob.received.lock().unwrap().iter().map(|r| r.1).max();
-    assert_eq!(bob_max, Some(60), "bob receives nothing after his removal");
+    assert_eq!(bob_max, Some(62), "bob receives his removal and nothing after it");
     assert!(pending_is_empty(&c, "bob", "b1").await);
     carol.stop().await;
     bob.stop().await;

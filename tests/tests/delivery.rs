@@ -252,7 +252,7 @@ async fn history_and_sync_read_the_database_within_membership() {
         ids.push(alice.send(&format!("g{n}"), "g", &json!({"n": n})).await.unwrap().id);
     }
     alice.send("h0", "h", &json!({})).await.unwrap();
-    // dan joins g at seq 5: sees nothing before.
+    // dan joins g after seq 5 (his join is the event at seq 6): sees nothing before.
     alice.change_members("g", &["dan"], &[]).await.unwrap();
     let late = alice.send("g5", "g", &json!({"n": 5})).await.unwrap();
 
@@ -270,7 +270,7 @@ async fn history_and_sync_read_the_database_within_membership() {
     assert_eq!(page["items"][0]["id"], ids[2].to_string(), "ids are strings");
     let dan: serde_json::Value = get("/v1/conversations/g/messages".into(), "dan").await.json().await.unwrap();
     let seqs: Vec<u64> = dan["items"].as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, vec![6], "a joiner sees only what came after it joined");
+    assert_eq!(seqs, vec![6, 7], "a joiner sees its join and what came after it");
     assert_eq!(get("/v1/conversations/h/messages".into(), "bob").await.status(), 403);
     assert_eq!(get("/v1/conversations/zzz/messages".into(), "bob").await.status(), 404);
 
@@ -279,8 +279,12 @@ async fn history_and_sync_read_the_database_within_membership() {
         get(format!("/v1/sync?after={}&limit=100", ids[0]), "bob").await.json().await.unwrap();
     let got: Vec<String> =
         sync["items"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    let join: u64 = sqlx::query_scalar("SELECT id FROM messages WHERE conv_id = 'g' AND seq = 6")
+        .fetch_one(&c.db().await)
+        .await
+        .unwrap();
     let mut want: Vec<String> = ids[1..].iter().map(|i| i.to_string()).collect();
-    want.push(late.id.to_string());
+    want.extend([join.to_string(), late.id.to_string()]);
     assert_eq!(got, want, "bob's sync: his conversations only, in id order");
     assert_eq!(get("/v1/sync?after=abc".into(), "bob").await.status(), 400);
 
@@ -291,7 +295,7 @@ async fn history_and_sync_read_the_database_within_membership() {
     let h = ws.next_of::<History>(Duration::from_secs(5)).await.unwrap();
     assert_eq!((h.conv.as_str(), h.reference.as_deref(), h.more), ("g", Some("r1"), false));
     let seqs: Vec<u64> = h.items.iter().map(|m| m.seq).collect();
-    assert_eq!(seqs, vec![5, 6]);
+    assert_eq!(seqs, vec![5, 6, 7]);
     let sync = SyncFrame { conv: "h".into(), after_seq: 0, limit: None, reference: Some("r2".into()) };
     ws.send(&ClientFrame::Sync(sync)).await.unwrap();
     let e = ws.next_of::<ErrorFrame>(Duration::from_secs(5)).await.unwrap();

@@ -235,6 +235,35 @@ async fn senders_over_websocket_deliver_everything_and_are_measured() {
     assert!(server["us_per_delivery"].as_f64().unwrap() > 0.0, "fan-out is costed per delivery too: {server}");
 }
 
+/// `steady` with timeline changes: every fifth message is edited, then recalled, by its
+/// sender. The integrity check counts each change's event like a message (owed to the
+/// receiver, shown once, in its place), and each change is committed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeline_changes_under_load_are_checked_like_messages() {
+    let c = scenario_cluster("lt-changes", 1).await;
+    let args = ["steady", "--conversations", "10", "--rate", "100", "--duration", "3", "--change-every", "5"];
+    let (code, r) = run_scenario(&c, &args).await;
+    let r = r.expect("steady report");
+    assert_eq!(code, 0, "steady with changes");
+    assert_clean(&r);
+    assert_eq!(r["send_errors"].as_u64(), Some(0));
+    let db = c.db().await;
+    let (messages, events): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*) - COUNT(event), COUNT(event) FROM messages").fetch_one(&db).await.unwrap();
+    assert!(events >= 10, "{events} changes in 3 s");
+    assert_eq!(events, messages / 5, "one change every five messages, each committed once");
+    let acknowledged = r["integrity"]["acknowledged"].as_i64().unwrap();
+    assert_eq!(acknowledged, messages + events, "the check counted every event: {}", r["integrity"]);
+    let edited: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE edited_seq IS NOT NULL").fetch_one(&db).await.unwrap();
+    let recalled: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE recalled_seq IS NOT NULL")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(edited + recalled, events, "edits and recalls, alternately");
+    assert!((edited - recalled).abs() <= 10, "{edited} edited, {recalled} recalled");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kills_a_gateway_and_a_worker_under_load_and_loses_nothing() {
     let c = scenario_cluster("lt-chaos", 2).await;

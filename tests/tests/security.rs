@@ -144,6 +144,38 @@ fn apis() -> Vec<Api> {
             expect: [NF, FB, FB, UA, UA, NF],
         },
         Api {
+            name: "POST /v1/conversations/{id}/title",
+            call: |c, w| {
+                let path = format!("/v1/conversations/{}/title", w.target());
+                Box::pin(c.http("POST", path, Some(json!({"title": "zz_intruder"})), w))
+            },
+            expect: [NF, FB, FB, UA, UA, NF],
+        },
+        Api {
+            name: "POST /v1/conversations/{id}/roles",
+            call: |c, w| {
+                let path = format!("/v1/conversations/{}/roles", w.target());
+                Box::pin(c.http("POST", path, Some(json!({"user": w.tenant_user().1, "role": "owner"})), w))
+            },
+            expect: [NF, FB, FB, UA, UA, NF],
+        },
+        Api {
+            name: "POST /v1/messages/{id}/recall",
+            call: |c, w| {
+                let path = format!("/v1/messages/{}/recall", c.message(w));
+                Box::pin(c.http("POST", path, Some(json!({"cmid": format!("sec-r-{w:?}")})), w))
+            },
+            expect: [NF, FB, FB, UA, UA, NF],
+        },
+        Api {
+            name: "POST /v1/messages/{id}/edit",
+            call: |c, w| {
+                let path = format!("/v1/messages/{}/edit", c.message(w));
+                Box::pin(c.http("POST", path, Some(json!({"cmid": format!("sec-e-{w:?}"), "body": {"x": 1}})), w))
+            },
+            expect: [NF, FB, FB, UA, UA, NF],
+        },
+        Api {
             name: "GET /v1/conversations/{id}/messages",
             call: |c, w| {
                 Box::pin(c.http(
@@ -250,9 +282,20 @@ struct Ctx {
     http: reqwest::Client,
     /// Ids of acme's messages (pending for the member's device).
     ids: Vec<MsgId>,
+    /// The id of globex's message.
+    foreign: MsgId,
 }
 
 impl Ctx {
+    /// The message a caller aims at: acme's latest, or globex's for [`Who::ForeignId`].
+    fn message(&self, who: Who) -> MsgId {
+        if who == Who::ForeignId {
+            self.foreign
+        } else {
+            self.ids[1]
+        }
+    }
+
     async fn http(&self, method: &str, path: String, body: Option<Value>, who: Who) -> Outcome {
         let url = format!("{}{path}", self.base);
         let req = match method {
@@ -333,7 +376,7 @@ async fn every_api_refuses_callers_outside_the_conversation_without_leaking_it()
     let late = owner.send("late", ROOM, &json!({"text": LATE_TEXT})).await.unwrap();
     let gina = client(GLOBEX, FOREIGN_USER, "g1");
     gina.create_conversation(Some(FOREIGN_ROOM), "direct", &[FOREIGN_USER, FOREIGN_MEMBER]).await.unwrap();
-    gina.send("g", FOREIGN_ROOM, &json!({"text": FOREIGN_TEXT})).await.unwrap();
+    let foreign = gina.send("g", FOREIGN_ROOM, &json!({"text": FOREIGN_TEXT})).await.unwrap().id;
 
     // The member's pending set holds both messages before anyone else acks them.
     let (redis, keys) = (c.redis().await, c.keys());
@@ -344,7 +387,8 @@ async fn every_api_refuses_callers_outside_the_conversation_without_leaking_it()
     })
     .await;
 
-    let ctx = Ctx { base: c.gateways[0].base_url(), http: reqwest::Client::new(), ids: vec![early.id, late.id] };
+    let ctx =
+        Ctx { base: c.gateways[0].base_url(), http: reqwest::Client::new(), ids: vec![early.id, late.id], foreign };
     let mut failures = Vec::new();
     for api in apis() {
         for (who, expect) in WHO.iter().zip(api.expect) {
@@ -374,7 +418,8 @@ async fn every_api_refuses_callers_outside_the_conversation_without_leaking_it()
     let history = client(ACME, MEMBER, "b1").list_conversations(50, None).await.unwrap();
     let room =
         history["items"].as_array().unwrap().iter().find(|i| i["id"] == ROOM).expect("the member sees it").clone();
-    assert_eq!(room["last_seq"], 2, "no outsider's send landed: {room}");
+    // early (1), the removal (2), late (3).
+    assert_eq!(room["last_seq"], 3, "no outsider's send or change landed: {room}");
     let members =
         client(ACME, OWNER, "a1").change_members(ROOM, &[], &[]).await.expect("the owner may still change members");
     assert_eq!(members["members"], json!([OWNER, MEMBER]), "no outsider changed the members");

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 
 use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::protocol::{msg_frame, Message, TimelineEvent};
+use serde_json::value::RawValue;
 use sqlx::{MySql, QueryBuilder};
 
 /// A message committed by this batch, with what fan-out needs.
@@ -19,6 +21,34 @@ pub struct Committed {
     pub cmid: String,
     pub ts: u64,
     pub body: String,
+    /// A timeline event (docs/protocol.md section 4.11); `None` for a message.
+    pub event: Option<TimelineEvent>,
+}
+
+impl Committed {
+    /// The `msg` frame, serialized once for every recipient; `None` when the stored
+    /// body is not JSON.
+    pub fn frame(&self) -> Option<String> {
+        Some(msg_frame(&Message {
+            id: self.id,
+            conv: self.conv.clone(),
+            seq: self.seq,
+            from: self.sender.clone(),
+            cmid: self.cmid.clone(),
+            ts: self.ts,
+            body: RawValue::from_string(self.body.clone()).ok()?,
+            status: None,
+            event: self.event.clone(),
+            edited_seq: None,
+            recalled_seq: None,
+        }))
+    }
+
+    /// A message (not an event) is not pushed back to the device that sent it, which
+    /// has its `sent`; an event reaches every device, its actor's too.
+    pub fn skips(&self, user: &str, device: &str) -> bool {
+        self.event.is_none() && user == self.sender && device == self.sender_device
+    }
 }
 
 /// One device of one member of a conversation.

@@ -14,6 +14,7 @@ use crate::lease::IdSource;
 use crate::outbox::Outbox;
 use crate::push::PushStore;
 use crate::reads::ReadReceipts;
+use crate::timeline::TimelineCommitter;
 
 /// What every task of the worker shares.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub struct WorkerContext {
     pub outbox: Arc<Outbox>,
     pub reads: ReadReceipts,
     pub delivered: DeliveredPositions,
+    /// Membership, title and role changes, recalls and edits.
+    pub timeline: TimelineCommitter,
     /// Offline push notifications (the admin API lists them).
     pub push: Arc<PushStore>,
     /// Outbox events dispatched right after commit, to be marked SENT in batches.

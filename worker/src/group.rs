@@ -90,6 +90,12 @@ pub fn group_commit(shared: Arc<WorkerContext>) -> (CommitQueue, GroupCommitter,
 }
 
 impl GroupCommitter {
+    /// Where other commits (timeline changes) queue their fan-outs, in order with the
+    /// batches committed before them.
+    pub fn fanout_queue(&self) -> mpsc::Sender<BatchResult> {
+        self.fanouts.clone()
+    }
+
     pub async fn run(self, cancel: CancellationToken) {
         let mut rx = self.rx.lock().await;
         let slots = Arc::new(Semaphore::new(self.shared.cfg.worker.commits_in_flight));

@@ -11,7 +11,8 @@
 //!   frames and node publishes), [`outbox`] (the transactional outbox and its
 //!   dispatcher), [`reads`] (read receipts and their `read` frames), [`delivered`]
 //!   (delivered positions and the senders' `delivered` frames), [`push`] (offline
-//!   push: unacked messages handed to the tenant's webhook).
+//!   push: unacked messages handed to the tenant's webhook), [`timeline`] (membership,
+//!   title and role changes, recalls and edits: timeline events).
 //! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
 //!   consumer; [`trace`]: operators' views; [`admin`]: the admin API;
 //!   [`janitor`]: expired devices, message retention, stale stream consumers.
@@ -31,6 +32,7 @@ pub mod outbox;
 pub mod projections;
 pub mod push;
 pub mod reads;
+pub mod timeline;
 pub mod trace;
 
 use std::future::Future;
@@ -123,6 +125,18 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         device_ttl_ms: cfg.delivery.device_ttl_s * 1000,
     };
     let delivered = delivered::DeliveredPositions { db: db.clone(), redis: redis.clone(), keys: keys.clone() };
+    let timeline = timeline::TimelineCommitter {
+        db: db.clone(),
+        settings: timeline::Settings {
+            first_retry_delay_ms: cfg.outbox.first_retry_delay_ms,
+            device_ttl_ms: cfg.delivery.device_ttl_s * 1000,
+            max_id_age_ms: cfg.delivery.sync_settle_ms / 2,
+            windows: timeline::rules::Windows {
+                recall_ms: cfg.worker.recall_window_s.saturating_mul(1000),
+                edit_ms: cfg.worker.edit_window_s.saturating_mul(1000),
+            },
+        },
+    };
     let shared = Arc::new(WorkerContext {
         commit: CommitPipeline::new(
             db.clone(),
@@ -140,6 +154,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         outbox: outbox.clone(),
         reads: read_receipts,
         delivered,
+        timeline,
         push: push_store.clone(),
         sent_marks,
         balancer_ok: AtomicBool::new(false),
@@ -153,11 +168,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     let process = Process::new();
     let (commits, committer, fanouts) = group::group_commit(shared.clone());
+    let fanout_queue = committer.fanout_queue();
     process.spawn_supervised("group_committer", Criticality::Critical, move |c| committer.clone().run(c));
     process.spawn_supervised("fanout_stage", Criticality::Critical, move |c| fanouts.clone().run(c));
     let balancer = shared.clone();
     process.spawn_supervised("shard_balancer", Criticality::Critical, move |c| {
-        ShardBalancer::new(balancer.clone(), commits.clone()).run(c)
+        ShardBalancer::new(balancer.clone(), commits.clone(), fanout_queue.clone()).run(c)
     });
     let dispatcher =
         OutboxDispatcher { outbox, fanout, fixed_delay: Duration::from_millis(shared.cfg.outbox.fixed_delay_ms) };

@@ -21,7 +21,7 @@ pub enum TraceError {
 /// `None` when the message does not exist.
 pub async fn message(s: &WorkerContext, id: MsgId) -> Result<Option<Value>, TraceError> {
     let Some(m) = sqlx::query(
-        "SELECT tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, created_at FROM messages WHERE id = ?",
+        "SELECT tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, created_at, event FROM messages WHERE id = ?",
     )
     .bind(id.0)
     .fetch_optional(&s.db)
@@ -31,6 +31,8 @@ pub async fn message(s: &WorkerContext, id: MsgId) -> Result<Option<Value>, Trac
     };
     let (tenant, conv, seq) = (m.text(0)?, m.text(1)?, m.try_get::<u64, _>(2)?);
     let (sender, sender_device) = (m.text(3)?, m.text(4)?);
+    // A timeline event reaches its actor's device too (a message does not).
+    let event: Option<Value> = m.opt_text(7)?.and_then(|e| serde_json::from_str(&e).ok());
     // The outbox row of its batch (an admin lookup: scans the retained outbox rows).
     let outbox = sqlx::query(
         "SELECT id, status, retry_count, updated_at FROM outbox_events WHERE payload LIKE ? ORDER BY id DESC LIMIT 1",
@@ -64,7 +66,7 @@ pub async fn message(s: &WorkerContext, id: MsgId) -> Result<Option<Value>, Trac
     let mut recipients = Vec::new();
     for d in &devices {
         let (user, device, watermark): (String, String, u64) = (d.text(0)?, d.text(1)?, d.try_get(2)?);
-        if user == sender && device == sender_device {
+        if event.is_none() && user == sender && device == sender_device {
             continue;
         }
         let score: Option<f64> = redis.zscore(s.keys.pending(&tenant, &user, &device), id.member()).await?;
@@ -87,6 +89,7 @@ pub async fn message(s: &WorkerContext, id: MsgId) -> Result<Option<Value>, Trac
         "from_device": sender_device,
         "cmid": m.text(5)?,
         "committed_at": m.try_get::<i64, _>(6)?,
+        "event": event,
         "outbox": outbox_json,
         "fanned_out": fanned_out,
         "frame_cached": frame_cached,

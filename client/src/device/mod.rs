@@ -14,10 +14,12 @@
 //! - `reconnect`: what a session's end leads to, and the backoff.
 //! - `token`: the app's [`TokenSource`] and when to refresh.
 //! - `session`: one session's loop.
-//! - `liveness`, `timeline`: whether the server is there; what the device shows.
+//! - `liveness`, `timeline`, `screen`: whether the server is there; what the device
+//!   shows, in order, and (when kept) the text of each line.
 
 mod liveness;
 mod reconnect;
+mod screen;
 mod session;
 mod spec;
 mod timeline;
@@ -34,6 +36,7 @@ use tokio::sync::{mpsc, watch};
 use crate::ws::{Upgrade, WsClient, WsEvent};
 pub use reconnect::EndedBy;
 use reconnect::{after_session, Backoff, Hints, Next, Policy};
+pub use screen::Line;
 use session::{Session, SessionEnd};
 pub use spec::{DeviceSpec, TokenIn};
 use timeline::State;
@@ -148,6 +151,9 @@ async fn run(
     mut out: mpsc::Receiver<Outgoing>,
 ) -> DeviceLog {
     let mut st = State::resume(&spec.resume);
+    if spec.keep_screen {
+        st.keep_screens();
+    }
     let mut gw = spec.first_gateway;
     let mut backoff = Backoff::new(BACKOFF_BASE, spec.backoff_max.max(BACKOFF_BASE));
     let policy =
@@ -215,6 +221,7 @@ async fn run(
     };
     let _ = status.send(Status::Ended(ended_by));
     st.log.stored = st.stored();
+    st.log.screens = st.screens.take().map(|s| s.lines).unwrap_or_default();
     st.log
 }
 

@@ -160,7 +160,7 @@ impl Session<'_> {
                             ServerFrame::Msg(m) => {
                                 let via = if caught_up { Via::Realtime } else { Via::Backlog };
                                 self.observer.message(&m, via, self.started.elapsed());
-                                self.st.arrive(m.id.0, &m.conv, m.seq, via);
+                                self.st.arrive_message(&m, via);
                                 if acks.is_empty() {
                                     acks_due = tokio::time::Instant::now() + ACK_LINGER;
                                 }
@@ -184,7 +184,7 @@ impl Session<'_> {
                                             self.st.joined(&h.conv, joined);
                                         }
                                         for m in &h.items {
-                                            self.st.arrive(m.id.0, &h.conv, m.seq, Via::Sync);
+                                            self.st.arrive_message(m, Via::Sync);
                                         }
                                         if let Some(t) = self.st.timelines.get_mut(&h.conv) {
                                             t.settle(h.more);

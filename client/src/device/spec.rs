@@ -40,6 +40,10 @@ pub struct DeviceSpec {
     /// Ask for `delivered` frames (the delivery status of the user's own messages),
     /// which the observer then sees as frames.
     pub delivery_status: bool,
+    /// Keep what each conversation's screen shows ([`DeviceLog::screens`](super::DeviceLog::screens)):
+    /// messages' text as edited or recalled, and a line per membership, title or role
+    /// change. Off by default: the load-test's thousands of devices keep only ids.
+    pub keep_screen: bool,
     /// Gateways (`http://host:port`), tried in turn starting at `first_gateway`.
     pub gateways: Vec<String>,
     pub first_gateway: usize,
@@ -76,6 +80,7 @@ impl DeviceSpec {
             token_in: TokenIn::Frame,
             offer_subprotocol: true,
             delivery_status: false,
+            keep_screen: false,
             gateways,
             first_gateway: 0,
             local_ip: None,

@@ -5,6 +5,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use herald_shared::protocol::Message;
+
+use super::screen::{Line, Screens};
+
 /// How a message reached the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {
@@ -44,6 +48,9 @@ pub struct DeviceLog {
     /// What the device would keep across a restart, for the next instance's
     /// [`DeviceSpec::resume`](super::DeviceSpec::resume).
     pub stored: Stored,
+    /// Each conversation's screen, when the spec asked to keep it
+    /// ([`DeviceSpec::keep_screen`](super::DeviceSpec::keep_screen)).
+    pub screens: HashMap<String, Vec<Line>>,
 }
 
 /// One conversation's display state.
@@ -92,6 +99,8 @@ pub(super) struct State {
     pub(super) log: DeviceLog,
     seen: HashSet<u64>,
     pub(super) timelines: HashMap<String, Timeline>,
+    /// What the screen shows, when kept: messages' text, edits, recalls, changes.
+    pub(super) screens: Option<Screens>,
 }
 
 impl State {
@@ -111,6 +120,20 @@ impl State {
         Stored { timelines: self.timelines.iter().map(|(c, t)| (c.clone(), (t.shown, t.waiting.clone()))).collect() }
     }
 
+    /// Keeps each conversation's screen from now on.
+    pub(super) fn keep_screens(&mut self) {
+        self.screens.get_or_insert_with(Screens::default);
+    }
+
+    /// A `msg` (or history item) arrived: shown in `seq` order, on the screen too when
+    /// it is kept.
+    pub(super) fn arrive_message(&mut self, m: &Message, via: Via) {
+        if let Some(s) = self.screens.as_mut().filter(|_| !self.seen.contains(&m.id.0)) {
+            s.arrived(m);
+        }
+        self.arrive(m.id.0, &m.conv, m.seq, via);
+    }
+
     pub(super) fn arrive(&mut self, id: u64, conv: &str, seq: u64, via: Via) {
         self.log.arrivals.push(Arrival { id, conv: conv.to_owned(), seq, via });
         if !self.seen.insert(id) {
@@ -122,12 +145,18 @@ impl State {
         }
         let t = self.timelines.get_mut(conv).expect("just inserted");
         if seq <= t.shown {
+            if let Some(s) = self.screens.as_mut() {
+                s.forget(id);
+            }
             return;
         }
         t.waiting.entry(seq).or_insert(id);
         while let Some(id) = t.waiting.remove(&(t.shown + 1)) {
             t.shown += 1;
             self.log.shown.push(Shown { id, conv: conv.to_owned(), seq: t.shown });
+            if let Some(s) = self.screens.as_mut() {
+                s.show(id);
+            }
         }
         if t.waiting.is_empty() {
             t.gap_since = None;
@@ -142,10 +171,19 @@ impl State {
             return;
         }
         t.shown = seq;
-        t.waiting.retain(|s, _| *s > seq);
+        let screens = &mut self.screens;
+        t.waiting.retain(|s, id| {
+            if let Some(screens) = screens.as_mut().filter(|_| *s <= seq) {
+                screens.forget(*id);
+            }
+            *s > seq
+        });
         while let Some(id) = t.waiting.remove(&(t.shown + 1)) {
             t.shown += 1;
             self.log.shown.push(Shown { id, conv: conv.to_owned(), seq: t.shown });
+            if let Some(s) = self.screens.as_mut() {
+                s.show(id);
+            }
         }
         if t.waiting.is_empty() {
             t.gap_since = None;
@@ -226,6 +264,34 @@ mod tests {
         st.arrive(11, "c", 1, Via::Sync);
         st.timelines.get_mut("c").unwrap().settle(true);
         assert_eq!(st.gaps_to_fill(t0, Duration::from_secs(60)), [("c".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_kept_screen_applies_what_waited_above_a_gap_once_the_gap_fills() {
+        use herald_shared::ids::MsgId;
+        use herald_shared::protocol::TimelineEvent;
+        let m = |id: u64, seq: u64, body: &str, event: Option<TimelineEvent>| Message {
+            id: MsgId(id),
+            conv: "c".into(),
+            seq,
+            from: "bob".into(),
+            cmid: String::new(),
+            ts: 0,
+            body: serde_json::value::RawValue::from_string(body.into()).unwrap(),
+            status: None,
+            event,
+            edited_seq: None,
+            recalled_seq: None,
+        };
+        let mut st = State::default();
+        st.keep_screens();
+        let edit = TimelineEvent::Edited { target: MsgId(11), target_seq: 1 };
+        st.arrive_message(&m(12, 2, r#"{"text":"fixed"}"#, Some(edit)), Via::Realtime);
+        st.arrive_message(&m(12, 2, r#"{"text":"fixed"}"#, None), Via::Realtime);
+        assert!(st.screens.as_ref().unwrap().lines.is_empty(), "the edit waits for its message");
+        st.arrive_message(&m(11, 1, r#"{"text":"fxied"}"#, None), Via::Backlog);
+        let lines = &st.screens.as_ref().unwrap().lines["c"];
+        assert_eq!(lines.iter().map(|l| l.text()).collect::<Vec<_>>(), ["fixed (edited)"]);
     }
 
     #[test]

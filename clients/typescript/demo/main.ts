@@ -1,9 +1,12 @@
 // The demo chat page: sign in as a user and device, a conversation list with unread
 // counts, each timeline in seq order, sends shown pending until sent, delivered ticks
-// and read receipts on the user's own messages, and a status line with the connection's state and reconnects. Everything Herald-
-// specific goes through @herald/client (imported from the package source).
+// and read receipts on the user's own messages, timeline events (edited text with its
+// mark, recalled messages, a line per membership, title or role change; the user edits
+// and recalls its own messages and adds members), and a status line with the
+// connection's state and reconnects. Everything Herald-specific goes through
+// @herald/client (imported from the package source).
 
-import { HeraldApi, HeraldClient, IndexedDbOutboxStorage, type Message, type WebSocketFactory, type WireMessage } from "../src/index.js";
+import { HeraldApi, HeraldClient, IndexedDbOutboxStorage, bodyText, lineText, type Message, type WebSocketFactory, type WireMessage } from "../src/index.js";
 
 declare const __HERALD_GATEWAYS__: string[];
 
@@ -18,6 +21,10 @@ interface Item {
   /** Own messages from a history page: how many recipients had it then, of how many. */
   delivered?: number;
   of?: number;
+  /** A membership, title or role change's line (not a message). */
+  change?: boolean;
+  edited?: boolean;
+  recalled?: boolean;
 }
 
 interface Conv {
@@ -27,6 +34,8 @@ interface Conv {
   pending: Item[];
   /** Other members' read positions. */
   reads: Map<string, number>;
+  /** Edits and recalls already applied, by id (history pages may repeat them). */
+  applied: Set<string>;
   /** Listed (title known, latest page loaded). */
   listed: boolean;
   /** Its member count, when known (a direct conversation has 2). */
@@ -66,14 +75,11 @@ async function api<T>(call: (a: HeraldApi) => Promise<T>, token: () => Promise<s
   throw err;
 }
 
-function text(body: unknown): string {
-  return typeof body === "object" && body !== null && "text" in body ? String((body as { text: unknown }).text) : JSON.stringify(body);
-}
 
 function conv(id: string, title?: string | null): Conv {
   let c = convs.get(id);
   if (!c) {
-    c = { id, title: title || id, shown: [], pending: [], reads: new Map(), listed: false };
+    c = { id, title: title || id, shown: [], pending: [], reads: new Map(), applied: new Set(), listed: false };
     convs.set(id, c);
   }
   return c;
@@ -109,32 +115,61 @@ function renderTimeline(): void {
   if (!current) return ol.replaceChildren();
   const c = conv(current);
   const seen = Math.max(0, ...[...c.reads.values()]);
-  ol.replaceChildren(
-    ...[...c.shown, ...c.pending].map((m) => {
-      const li = document.createElement("li");
-      li.className = `msg ${m.from === me ? "own" : ""} ${m.state === "shown" || m.state === "sent" ? "" : "pending"}`;
-      if (m.seq !== undefined && m.state === "shown") li.dataset.seq = String(m.seq);
-      li.dataset.cmid = m.cmid;
-      li.textContent = m.text;
-      const meta = document.createElement("span");
-      meta.className = "meta";
-      let note = m.from === me ? (m.state === "pending" ? "sending…" : m.state === "failed" ? "not sent" : "✓ sent") : m.from;
-      const delivered = m.from === me && m.seq !== undefined ? Math.max(m.delivered ?? 0, client.statusOf(c.id, m.seq)?.delivered ?? 0) : 0;
-      if (delivered > 0) {
-        // Delivered ticks: a device of the recipient has it (in a group, how many have).
-        li.dataset.delivered = String(delivered);
-        note = m.of === 1 || c.members === 2 ? "✓✓ delivered" : `✓✓ delivered to ${delivered}${m.of ? ` of ${m.of}` : ""}`;
-      }
-      if (m.from === me && m.seq !== undefined && m.seq <= seen) {
-        const who = [...c.reads].filter(([, s]) => s >= m.seq!).map(([u]) => u);
-        note = `✓✓ read by ${who.join(", ")}`;
-      }
-      meta.textContent = `#${m.seq ?? "–"} · ${note}`;
-      li.append(meta);
-      return li;
-    }),
-  );
+  ol.replaceChildren(...[...c.shown, ...c.pending].map((m) => (m.change ? changeLine(m) : messageLine(c, m, seen))));
   ol.scrollTop = ol.scrollHeight;
+}
+
+/** A membership, title or role change: a line of its own between the messages. */
+function changeLine(m: Item): HTMLLIElement {
+  const li = document.createElement("li");
+  li.className = "event";
+  li.dataset.seq = String(m.seq);
+  li.textContent = m.text;
+  return li;
+}
+
+function messageLine(c: Conv, m: Item, seen: number): HTMLLIElement {
+  const li = document.createElement("li");
+  li.className = `msg ${m.from === me ? "own" : ""} ${m.state === "shown" || m.state === "sent" ? "" : "pending"} ${m.recalled ? "recalled" : ""}`;
+  if (m.seq !== undefined && m.state === "shown") li.dataset.seq = String(m.seq);
+  if (m.edited) li.dataset.edited = "1";
+  li.dataset.cmid = m.cmid;
+  li.textContent = m.text;
+  const meta = document.createElement("span");
+  meta.className = "meta";
+  let note = m.from === me ? (m.state === "pending" ? "sending…" : m.state === "failed" ? "not sent" : "✓ sent") : m.from;
+  const delivered = m.from === me && m.seq !== undefined ? Math.max(m.delivered ?? 0, client.statusOf(c.id, m.seq)?.delivered ?? 0) : 0;
+  if (delivered > 0) {
+    // Delivered ticks: a device of the recipient has it (in a group, how many have).
+    li.dataset.delivered = String(delivered);
+    note = m.of === 1 || c.members === 2 ? "✓✓ delivered" : `✓✓ delivered to ${delivered}${m.of ? ` of ${m.of}` : ""}`;
+  }
+  if (m.from === me && m.seq !== undefined && m.seq <= seen) {
+    const who = [...c.reads].filter(([, s]) => s >= m.seq!).map(([u]) => u);
+    note = `✓✓ read by ${who.join(", ")}`;
+  }
+  meta.textContent = `#${m.seq ?? "–"} · ${note}${m.edited ? " · edited" : ""}`;
+  li.append(meta);
+  if (m.from === me && m.id && !m.recalled) li.append(action("edit", () => editMessage(m)), action("recall", () => recallMessage(m)));
+  return li;
+}
+
+function action(name: string, run: () => Promise<unknown>): HTMLButtonElement {
+  const b = document.createElement("button");
+  b.className = `action ${name}`;
+  b.textContent = name;
+  b.onclick = () => run().catch((err) => alert(String(err.message ?? err)));
+  return b;
+}
+
+/** Edits one of the user's messages (within the server's edit window): the edit's event shows it. */
+async function editMessage(m: Item): Promise<void> {
+  const t = prompt("Edit message", m.text);
+  if (t !== null && t !== m.text) await api((a) => a.edit(m.id!, { text: t }), token);
+}
+
+async function recallMessage(m: Item): Promise<void> {
+  await api((a) => a.recall(m.id!), token);
 }
 
 /** Marks what is on screen as read, when the page is visible. */
@@ -148,7 +183,7 @@ function markRead(): void {
 function open(id: string): void {
   current = id;
   $("#title").textContent = conv(id).title;
-  document.querySelectorAll<HTMLInputElement | HTMLButtonElement>("#composer input, #composer button").forEach((el) => (el.disabled = false));
+  document.querySelectorAll<HTMLInputElement | HTMLButtonElement>("#composer input, #composer button, #members input, #members button").forEach((el) => (el.disabled = false));
   renderConvs();
   renderTimeline();
   markRead();
@@ -156,12 +191,28 @@ function open(id: string): void {
 
 function shown(m: WireMessage | Message): void {
   const c = conv(m.conv);
-  if (c.shown.some((i) => i.id === m.id)) return; // the client drops repeats; history may overlap
-  const pending = c.pending.findIndex((i) => i.cmid === m.cmid);
-  if (pending >= 0) c.pending.splice(pending, 1);
-  const st = "status" in m ? m.status : undefined;
-  c.shown.push({ cmid: m.cmid, id: m.id, seq: m.seq, from: m.from, text: text(m.body), state: "shown", delivered: st?.delivered, of: st?.of });
+  if (c.shown.some((i) => i.id === m.id) || c.applied.has(m.id)) return; // the client drops repeats; history may overlap
+  const e = m.event ?? undefined;
+  if (e?.type === "edited" || e?.type === "recalled") {
+    // Applied to the message it is about (when it is on this page), in seq order.
+    c.applied.add(m.id);
+    const target = c.shown.find((i) => i.id === e.target && !i.change);
+    if (target && e.type === "recalled") Object.assign(target, { recalled: true, edited: false, text: "message recalled" });
+    else if (target && !target.recalled) Object.assign(target, { edited: true, text: bodyText(m.body) });
+  } else if (e) {
+    c.shown.push({ cmid: m.cmid, id: m.id, seq: m.seq, from: m.from, text: lineText({ ...m, event: e, recalled: false }), state: "shown", change: true });
+    if (e.type === "title_changed") c.title = e.title || c.id;
+  } else {
+    const pending = c.pending.findIndex((i) => i.cmid === m.cmid);
+    if (pending >= 0) c.pending.splice(pending, 1);
+    const st = "status" in m ? m.status : undefined;
+    const recalled = m.recalled_seq !== undefined && m.recalled_seq !== null;
+    const edited = m.edited_seq !== undefined && m.edited_seq !== null;
+    const text = recalled ? "message recalled" : bodyText(m.body);
+    c.shown.push({ cmid: m.cmid, id: m.id, seq: m.seq, from: m.from, text, state: "shown", delivered: st?.delivered, of: st?.of, recalled, edited });
+  }
   if (m.conv === current) {
+    $("#title").textContent = c.title;
     renderTimeline();
     markRead();
   }
@@ -281,6 +332,15 @@ $("#newconv").onsubmit = async (e) => {
   form.reset();
   await refreshConvs();
   open(created.id);
+};
+
+$("#members").onsubmit = async (e) => {
+  e.preventDefault();
+  if (!current) return;
+  const form = e.target as HTMLFormElement;
+  const add = String(new FormData(form).get("add")).split(/[\s,]+/).filter(Boolean);
+  form.reset();
+  await api((a) => a.changeMembers(current!, { add }), token).catch((err) => alert(String(err.message ?? err)));
 };
 
 $("#composer").onsubmit = (e) => {

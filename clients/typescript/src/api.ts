@@ -1,17 +1,32 @@
-// The HTTP API (docs/protocol.md section 2), typed: conversations, members, history,
-// sync, reads, device registration and logout. `429 rate_limited` is retried after its
-// `Retry-After`; every other error is thrown as an [`ApiError`] with the protocol's code.
+// The HTTP API (docs/protocol.md section 2), typed: conversations, members, titles,
+// roles, recalls and edits, history, sync, reads, device registration and logout.
+// `429 rate_limited` is retried after its `Retry-After`; a recall or edit is retried
+// with its cmid while the server is `unavailable`; every other error is thrown as an
+// [`ApiError`] with the protocol's code.
 
 import type { MessageId } from "./ids.js";
-import type { ErrorCode, WireMessage } from "./protocol.js";
+import { newCmid } from "./outbox.js";
+import type { ErrorCode, MemberRole, WireMessage } from "./protocol.js";
 
 export interface Conversation {
   id: string;
   kind: "direct" | "group";
   title: string | null;
   members: string[];
+  /** Each current member's role. */
+  roles: Record<string, MemberRole>;
   last_seq: number;
   created_at: number;
+}
+
+/** A committed timeline change's event: where it is in the conversation. */
+export interface ChangeResult {
+  id: MessageId;
+  conv: string;
+  seq: number;
+  ts: number;
+  /** This cmid was committed before: the first commit's event. */
+  dup: boolean;
 }
 
 /** An item of the caller's conversation list, with its unread count. */
@@ -97,6 +112,26 @@ export class HeraldApi {
     return this.call("POST", `/v1/conversations/${encodeURIComponent(conv)}/members`, change);
   }
 
+  /** Sets (or with `null` removes) a group's title: a `title_changed` event. */
+  changeTitle(conv: string, title: string | null): Promise<Conversation> {
+    return this.call("POST", `/v1/conversations/${encodeURIComponent(conv)}/title`, { title });
+  }
+
+  /** Gives a member a role (the owner only; `owner` hands ownership over): a `role_changed` event. */
+  changeRole(conv: string, user: string, role: MemberRole): Promise<Conversation> {
+    return this.call("POST", `/v1/conversations/${encodeURIComponent(conv)}/roles`, { user, role });
+  }
+
+  /** Recalls a message (its sender within the recall window, or a group's manager): a `recalled` event. */
+  recall(id: MessageId, cmid: string = newCmid()): Promise<ChangeResult> {
+    return this.durably(() => this.call("POST", `/v1/messages/${id}/recall`, { cmid }));
+  }
+
+  /** Edits one of the user's messages within the edit window: an `edited` event carrying `body`. */
+  edit(id: MessageId, body: unknown, cmid: string = newCmid()): Promise<ChangeResult> {
+    return this.durably(() => this.call("POST", `/v1/messages/${id}/edit`, { cmid, body }));
+  }
+
   /** One page of the caller's conversations, most recently active first, with unread counts. */
   conversations(o: { limit?: number; cursor?: string } = {}): Promise<Page<ConversationItem> & { next_cursor?: string }> {
     return this.call("GET", `/v1/conversations${query({ limit: o.limit, cursor: o.cursor })}`);
@@ -120,6 +155,18 @@ export class HeraldApi {
   /** Sends over HTTP (the WebSocket client's `send` is usually better: it keeps an outbox). */
   send(cmid: string, conv: string, body: unknown): Promise<{ id: MessageId; conv: string; seq: number; ts: number; dup: boolean }> {
     return this.call("POST", "/v1/messages", { cmid, conv, body });
+  }
+
+  /** Retries a change keyed by its cmid while the server says `unavailable` (it was not confirmed in time). */
+  private async durably<T>(change: () => Promise<T>): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await change();
+      } catch (e) {
+        if (!(e instanceof ApiError && e.code === "unavailable") || attempt >= (this.o.maxRetries ?? 3) + 2) throw e;
+        await new Promise((resolve) => setTimeout(resolve, 250 * attempt));
+      }
+    }
   }
 
   private async call<T>(method: string, path: string, body?: unknown): Promise<T> {

@@ -1,4 +1,4 @@
-export { ApiError, HeraldApi, type ApiOptions, type Conversation, type ConversationItem, type Page, type PushPlatform } from "./api.js";
+export { ApiError, HeraldApi, type ApiOptions, type ChangeResult, type Conversation, type ConversationItem, type Page, type PushPlatform } from "./api.js";
 export { HeraldClient } from "./client.js";
 export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike } from "./client.js";
 export { Backoff, type BackoffOptions } from "./backoff.js";
@@ -7,7 +7,8 @@ export { SeenIds } from "./dedup.js";
 export { compareIds, isMessageId, type MessageId } from "./ids.js";
 export { IndexedDbOutboxStorage } from "./indexeddb.js";
 export { MemoryOutboxStorage, Outbox, SendRefused, newCmid, type OutboxEntry, type OutboxStorage, type SendResult } from "./outbox.js";
-export { Close, SUBPROTOCOL, parseServerFrame, sessionUrl, tokenExpiry, tokenUser, type ClientFrame, type ErrorCode, type ServerFrame, type WireMessage, type WireStatus } from "./protocol.js";
+export { Close, SUBPROTOCOL, parseServerFrame, sessionUrl, tokenExpiry, tokenUser, type ClientFrame, type ErrorCode, type MemberRole, type ServerFrame, type TimelineEvent, type WireMessage, type WireStatus } from "./protocol.js";
+export { Screens, bodyText, lineText, type ScreenLine } from "./screen.js";
 export { onSessionEnd, type Decision, type Hints } from "./reconnect.js";
 export { Timelines, type Gap } from "./timeline.js";
 export { UnreadCounts } from "./unread.js";

@@ -37,6 +37,23 @@ export interface WireStatus {
   read: number;
 }
 
+/** A member's role in a group (docs/protocol.md section 2.4), lowest first. */
+export type MemberRole = "member" | "admin" | "owner";
+
+/**
+ * What a timeline event says happened (docs/protocol.md section 4.11), by `type`. Its
+ * message's `from` is who did it. A type this client does not know (a newer server's)
+ * still counts in the timeline: ack it and show nothing, or a generic line.
+ */
+export type TimelineEvent =
+  | { type: "member_added"; users: string[] }
+  | { type: "member_removed"; users: string[] }
+  | { type: "member_left" }
+  | { type: "title_changed"; title: string | null }
+  | { type: "role_changed"; user: string; role: MemberRole }
+  | { type: "recalled"; target: MessageId; target_seq: number }
+  | { type: "edited"; target: MessageId; target_seq: number };
+
 /** A committed message (`msg` frames and history items). `body` is the sender's JSON. */
 export interface WireMessage {
   id: MessageId;
@@ -48,6 +65,12 @@ export interface WireMessage {
   body: unknown;
   /** On the user's own messages in history pages. */
   status?: WireStatus;
+  /** On a timeline event: what happened (`body` is null, or an edit's new body). */
+  event?: TimelineEvent | null;
+  /** On a message edited before it was read from the database: its latest edit's seq (`body` is that edit's). */
+  edited_seq?: number | null;
+  /** On a message recalled before it was read from the database: the recall's seq (`body` is null). */
+  recalled_seq?: number | null;
 }
 
 export type ServerFrame =
@@ -75,6 +98,28 @@ export type ClientFrame =
 const isNat = (v: unknown): v is number => typeof v === "number" && Number.isSafeInteger(v) && v >= 0;
 const isStr = (v: unknown): v is string => typeof v === "string";
 
+const isOptNat = (v: unknown): boolean => v === undefined || v === null || isNat(v);
+
+/** An event of a known type must be well-formed; one of an unknown type is kept as it is. */
+function isEvent(e: any): boolean {
+  if (e === undefined || e === null) return true;
+  if (typeof e !== "object" || !isStr(e.type)) return false;
+  switch (e.type) {
+    case "member_added":
+    case "member_removed":
+      return Array.isArray(e.users) && e.users.every(isStr);
+    case "title_changed":
+      return e.title === null || isStr(e.title);
+    case "role_changed":
+      return isStr(e.user) && isStr(e.role);
+    case "recalled":
+    case "edited":
+      return isMessageId(e.target) && isNat(e.target_seq);
+    default:
+      return true;
+  }
+}
+
 function isMessage(m: any): m is WireMessage {
   return (
     m !== null &&
@@ -85,7 +130,10 @@ function isMessage(m: any): m is WireMessage {
     isStr(m.from) &&
     isStr(m.cmid) &&
     isNat(m.ts) &&
-    "body" in m
+    "body" in m &&
+    isEvent(m.event) &&
+    isOptNat(m.edited_seq) &&
+    isOptNat(m.recalled_seq)
   );
 }
 

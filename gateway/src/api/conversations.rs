@@ -1,20 +1,18 @@
-//! The conversations API: create, change members, list (docs/protocol.md section 2).
-//!
-//! Membership changes lock the conversation row, the same lock the worker's commit
-//! takes, so a join or leave falls cleanly between two messages: `joined_seq` and
-//! `left_seq` are the `last_seq` at that moment.
+//! The conversations API: create and list (docs/protocol.md section 2). Changes of
+//! members, title and roles are timeline changes, committed by the workers
+//! (`api/timeline.rs`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use herald_shared::auth::is_valid_ident;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::now_ms;
-use herald_shared::protocol::ConversationKind;
+use herald_shared::protocol::{ConversationKind, MemberRole};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::{MySql, QueryBuilder, Row};
@@ -45,11 +43,13 @@ pub struct Conversation {
     kind: ConversationKind,
     title: Option<String>,
     members: Vec<String>,
+    /// Each current member's role (`owner`, `admin`, `member`).
+    roles: BTreeMap<String, MemberRole>,
     last_seq: u64,
     created_at: i64,
 }
 
-fn check_members(members: &[String], max: usize) -> ApiResult<BTreeSet<String>> {
+pub(crate) fn check_members(members: &[String], max: usize) -> ApiResult<BTreeSet<String>> {
     let set: BTreeSet<String> = members.iter().cloned().collect();
     if let Some(bad) = set.iter().find(|m| !is_valid_ident(m)) {
         return Err(ApiError::bad_request(format!(
@@ -128,11 +128,18 @@ pub(crate) async fn create_in(
             "a conversation with this id exists with another kind or other members",
         ));
     }
+    // A group's creator owns it; a direct conversation, or a group a service made, has
+    // no owner.
+    let role_of = |m: &str| match creator {
+        Some(c) if c == m && kind == ConversationKind::Group => MemberRole::Owner,
+        _ => MemberRole::Member,
+    };
     let mut q = QueryBuilder::<MySql>::new(
-        "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ",
+        "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at, role) ",
     );
     q.push_values(&members, |mut b, m| {
         b.push_bind(tenant).push_bind(&id).push_bind(m).push_bind(0u64).push_bind(0u64).push_bind(now);
+        b.push_bind(role_of(m).as_str());
     });
     // Not kept prepared: the text differs with every number of members.
     q.build().persistent(false).execute(&mut *tx).await?;
@@ -143,6 +150,7 @@ pub(crate) async fn create_in(
             id,
             kind,
             title: req.title,
+            roles: members.iter().map(|m| (m.clone(), role_of(m))).collect(),
             members: members.into_iter().collect(),
             last_seq: 0,
             created_at: now,
@@ -159,7 +167,7 @@ fn stored_kind(text: &str) -> ApiResult<ConversationKind> {
 }
 
 /// A conversation of the tenant with its current members.
-async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conversation>> {
+pub(crate) async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conversation>> {
     let Some(row) =
         sqlx::query("SELECT kind, title, last_seq, created_at FROM conversations WHERE tenant_id = ? AND id = ?")
             .bind(tenant)
@@ -169,119 +177,25 @@ async fn load(state: &AppState, tenant: &str, id: &str) -> ApiResult<Option<Conv
     else {
         return Ok(None);
     };
-    let members = sqlx::query(
-        "SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL ORDER BY user_id",
+    let roles = sqlx::query(
+        "SELECT user_id, role FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL ORDER BY user_id",
     )
     .bind(tenant)
     .bind(id)
     .fetch_all(&state.db)
     .await?
     .iter()
-    .map(|r| r.text(0))
-    .collect::<Result<Vec<_>, _>>()?;
+    .map(|r| Ok((r.text(0)?, MemberRole::parse(&r.text(1)?).unwrap_or(MemberRole::Member))))
+    .collect::<Result<BTreeMap<_, _>, sqlx::Error>>()?;
     Ok(Some(Conversation {
         id: id.to_owned(),
         kind: stored_kind(&row.text(0)?)?,
         title: row.opt_text(1)?,
         last_seq: row.try_get(2)?,
         created_at: row.try_get(3)?,
-        members,
+        members: roles.keys().cloned().collect(),
+        roles,
     }))
-}
-
-/// Members to add and remove (docs/protocol.md sections 2.4 and 7.4).
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(rename = "MembersChangeRequest")]
-pub(crate) struct MembersRequest {
-    #[serde(default)]
-    add: Vec<String>,
-    #[serde(default)]
-    remove: Vec<String>,
-}
-
-pub async fn change_members(
-    State(state): State<AppState>,
-    Caller(c): Caller,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> ApiResult<Json<Conversation>> {
-    change_members_in(&state, &c.tid, Some(&c.sub), &id, &body).await
-}
-
-/// Adds and removes members of `tenant`'s conversation `id`. Adding a member or
-/// removing a non-member changes nothing, so a repeat is safe. A device's user
-/// (`actor`) must be a member; a service (`None`) changes any.
-pub(crate) async fn change_members_in(
-    state: &AppState,
-    tenant: &str,
-    actor: Option<&str>,
-    id: &str,
-    body: &[u8],
-) -> ApiResult<Json<Conversation>> {
-    let req: MembersRequest = parse_json(body)?;
-    let add = check_members(&req.add, state.cfg.gateway.max_group_size)?;
-    let remove = check_members(&req.remove, state.cfg.gateway.max_group_size)?;
-    if let Some(both) = add.intersection(&remove).next() {
-        return Err(ApiError::bad_request(format!("{both:?} is both added and removed")));
-    }
-    let mut tx = state.db.begin().await?;
-    let row = sqlx::query("SELECT kind, last_seq FROM conversations WHERE tenant_id = ? AND id = ? FOR UPDATE")
-        .bind(tenant)
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(ApiError::not_found)?;
-    let kind = stored_kind(&row.text(0)?)?;
-    let last_seq: u64 = row.try_get(1)?;
-    let current = sqlx::query("SELECT user_id FROM members WHERE tenant_id = ? AND conv_id = ? AND left_seq IS NULL")
-        .bind(tenant)
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(|r| r.text(0))
-        .collect::<Result<BTreeSet<String>, _>>()?;
-    if actor.is_some_and(|user| !current.contains(user)) {
-        return Err(ApiError::new(ErrorCode::Forbidden, "only members may change the member list"));
-    }
-    if kind == ConversationKind::Direct && (!add.is_empty() || !remove.is_empty()) {
-        return Err(ApiError::new(ErrorCode::Conflict, "the members of a direct conversation are fixed"));
-    }
-    let after = current.len() + add.difference(&current).count() - remove.intersection(&current).count();
-    if after > state.cfg.gateway.max_group_size {
-        return Err(ApiError::bad_request(format!(
-            "a conversation has at most {} members",
-            state.cfg.gateway.max_group_size
-        )));
-    }
-    let now = now_ms() as i64;
-    let joining: Vec<&String> = add.difference(&current).collect();
-    if !joining.is_empty() {
-        let mut q = QueryBuilder::<MySql>::new(
-            "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at) ",
-        );
-        q.push_values(&joining, |mut b, m| {
-            b.push_bind(tenant).push_bind(id).push_bind(*m).push_bind(last_seq).push_bind(last_seq).push_bind(now);
-        });
-        // A former member rejoins from now on.
-        q.push(" ON DUPLICATE KEY UPDATE joined_seq = VALUES(joined_seq), read_seq = GREATEST(read_seq, VALUES(read_seq)), left_seq = NULL, joined_at = VALUES(joined_at)");
-        q.build().persistent(false).execute(&mut *tx).await?;
-    }
-    for m in remove.intersection(&current) {
-        sqlx::query(
-            "UPDATE members SET left_seq = ? WHERE tenant_id = ? AND conv_id = ? AND user_id = ? AND left_seq IS NULL",
-        )
-        .bind(last_seq)
-        .bind(tenant)
-        .bind(id)
-        .bind(m)
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
-    let conv = load(state, tenant, id).await?.ok_or_else(ApiError::not_found)?;
-    Ok(Json(conv))
 }
 
 #[derive(Deserialize)]
@@ -346,7 +260,7 @@ pub async fn list(
     }
     if !last_ids.is_empty() {
         let mut qb = QueryBuilder::<MySql>::new(
-            "SELECT id, conv_id, seq, sender_id, client_msg_id, created_at, body FROM messages WHERE id IN (",
+            "SELECT id, conv_id, seq, sender_id, client_msg_id, created_at, body, event, edited_seq, recalled_seq FROM messages WHERE id IN (",
         );
         let mut sep = qb.separated(", ");
         for id in &last_ids {
@@ -373,6 +287,16 @@ pub async fn list(
                     "ts": m.try_get::<i64, _>(5)?,
                     "body": serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
                 });
+                // The latest entry may be a timeline event, or an edited or recalled
+                // message (docs/protocol.md section 4.11).
+                if let Some(event) = m.opt_text(7)?.and_then(|e| serde_json::from_str::<Value>(&e).ok()) {
+                    item["last_message"]["event"] = event;
+                }
+                for (i, field) in [(8, "edited_seq"), (9, "recalled_seq")] {
+                    if let Some(seq) = m.try_get::<Option<u64>, _>(i)? {
+                        item["last_message"][field] = json!(seq);
+                    }
+                }
             }
         }
     }

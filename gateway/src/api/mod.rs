@@ -7,6 +7,7 @@ pub mod history;
 pub mod messages;
 pub mod push;
 pub mod server;
+pub mod timeline;
 pub mod ws;
 
 #[cfg(test)]
@@ -42,15 +43,21 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/devices/me", axum::routing::delete(unregister))
         .route("/v1/devices/me/push", axum::routing::put(push::register).delete(push::unregister))
         .route("/v1/conversations", post(conversations::create).get(conversations::list))
-        .route("/v1/conversations/{id}/members", post(conversations::change_members))
+        .route("/v1/conversations/{id}/members", post(timeline::change_members))
+        .route("/v1/conversations/{id}/title", post(timeline::change_title))
+        .route("/v1/conversations/{id}/roles", post(timeline::change_role))
         .route("/v1/messages", post(messages::send))
         .route("/v1/messages/{id}/status", get(messages::status))
+        .route("/v1/messages/{id}/recall", post(timeline::recall))
+        .route("/v1/messages/{id}/edit", post(timeline::edit))
         .route("/v1/conversations/{id}/messages", get(history::messages))
         .route("/v1/conversations/{id}/read", post(messages::read))
         .route("/v1/sync", get(history::sync))
         .route("/v1/server/messages", post(server::messages::send))
         .route("/v1/server/conversations", post(server::conversations::create))
         .route("/v1/server/conversations/{id}/members", post(server::conversations::change_members))
+        .route("/v1/server/conversations/{id}/title", post(server::conversations::change_title))
+        .route("/v1/server/conversations/{id}/roles", post(server::conversations::change_role))
         .layer(axum::middleware::from_fn_with_state(deadline, within_deadline));
     let router = Router::new()
         .merge(bounded)

@@ -165,6 +165,9 @@ fn frame_of(id: u64, seq: u64) -> String {
         ts: 0,
         body,
         status: None,
+        event: None,
+        edited_seq: None,
+        recalled_seq: None,
     };
     herald_shared::protocol::msg_frame(&m)
 }

@@ -303,6 +303,9 @@ mod tests {
             ts: 0,
             body: serde_json::value::to_raw_value(&body).unwrap(),
             status: None,
+            event: None,
+            edited_seq: None,
+            recalled_seq: None,
         }
     }
 

@@ -228,7 +228,7 @@ async fn live(
     kind: &str,
     params: Value,
 ) -> Result<ScenarioReport> {
-    let Traffic { rate, payload, via, in_flight, .. } = *traffic;
+    let Traffic { rate, payload, via, in_flight, change_every, .. } = *traffic;
     ensure!(rate >= 0.0, "--rate must be >= 0 (0: as fast as acks come back)");
     ensure!(traffic.duration >= 0.0, "--duration must be >= 0");
     let duration = Duration::from_secs_f64(traffic.duration);
@@ -245,7 +245,7 @@ async fn live(
 
     let acked: AckLog = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let plan = SendPlan { rate, payload, cmid_prefix: "m".into() };
+    let plan = SendPlan { rate, payload, cmid_prefix: "m".into(), change_every };
     let in_flight = in_flight as usize;
     let ready = senders::connect(target, &convs, via).await?;
     let window = Window::open(&meter, &rec).await;

@@ -86,7 +86,7 @@ pub async fn soak(args: &cli::Soak) -> Result<ScenarioReport> {
     let (sampling_stop, stopped) = tokio::sync::watch::channel(false);
     let sampling = tokio::spawn(sampler.run(Duration::from_secs_f64(args.sample_every), send_start, stopped));
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
-    let plan = SendPlan { rate: args.rate, payload: args.payload, cmid_prefix: "m".into() };
+    let plan = SendPlan { rate: args.rate, payload: args.payload, cmid_prefix: "m".into(), change_every: 0 };
     let senders = senders::spawn_http(&target, &convs, &plan, &rec, &acked, &stop);
     let (every, end) = (Duration::from_secs_f64(args.churn_every), send_start + duration);
     let mut next = send_start + every;

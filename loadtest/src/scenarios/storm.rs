@@ -56,7 +56,7 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
     let window = Window::open(&meter, &rec).await;
     let send_start = Instant::now();
     let delivered_before = rec.delivered.load(Ordering::Relaxed);
-    let plan = SendPlan { rate, payload: 100, cmid_prefix: "rt".into() };
+    let plan = SendPlan { rate, payload: 100, cmid_prefix: "rt".into(), change_every: 0 };
     let senders = senders::spawn_http(&target, &rt_convs, &plan, &rec, &acked, &stop);
     let base_from = rec.elapsed().as_secs_f64();
     rec.note(format!("realtime baseline for {baseline:?}"));

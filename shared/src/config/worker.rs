@@ -1,4 +1,5 @@
-//! `[worker]`: the committing process: batches, leases, fan-out, read receipts.
+//! `[worker]`: the committing process: batches, leases, fan-out, read receipts, and the
+//! rules of timeline events it checks at commit (recall and edit windows).
 
 use super::table::{section, WORKER};
 use super::Problems;
@@ -50,6 +51,16 @@ section! {
         pub device_forget_s: u64 = "31536000",
         /// Period of the janitor: expired and forgotten devices, retention, dead consumers.
         pub janitor_interval_ms: u64 = "60000",
+        /// How long after sending its sender may recall a message (1 day); 0: never.
+        ///
+        /// Checked when the recall commits, against the message's commit time. A
+        /// group's owner and admins recall lower-ranked members' messages at any time.
+        pub recall_window_s: u64 = "86400",
+        /// How long after sending its sender may edit a message (15 minutes); 0: never.
+        ///
+        /// Checked when the edit commits, against the message's commit time; only the
+        /// sender ever edits.
+        pub edit_window_s: u64 = "900",
     }
 }
 

@@ -5,12 +5,15 @@
 //!   kept for errors.
 //! - [`close`]: the WebSocket close codes.
 //! - [`node`]: ingress stream entries and node-channel envelopes (internal).
+//! - [`timeline`]: timeline events (membership, title, roles, recalls, edits) and the
+//!   changes that make them.
 
 pub mod client;
 pub mod close;
 pub mod node;
 pub mod schema;
 pub mod server;
+pub mod timeline;
 
 #[cfg(test)]
 mod client_proptests;
@@ -31,6 +34,7 @@ pub use server::{
     CaughtUp, DeliveryStatus, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Refreshed, Sent,
     ServerFrame,
 };
+pub use timeline::{MemberRole, TimelineEntry, TimelineEvent, TimelineOp};
 
 /// The WebSocket subprotocol naming this protocol's version (`Sec-WebSocket-Protocol`).
 pub const SUBPROTOCOL: &str = "herald.v1";
@@ -51,6 +55,17 @@ pub struct Message {
     /// Only in history pages, on the caller's own messages: how far they got.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<MessageStatus>,
+    /// On a timeline event: what happened (`body` is null, or an edit's new body).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<TimelineEvent>,
+    /// On a message edited before it was read from the database: the `seq` of its
+    /// latest edit, whose body `body` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_seq: Option<u64>,
+    /// On a message recalled before it was read from the database: the `seq` of the
+    /// recall (`body` is null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recalled_seq: Option<u64>,
 }
 
 /// How far one of the caller's own messages got (history pages): of the `of` members
@@ -66,6 +81,7 @@ impl PartialEq for Message {
     fn eq(&self, other: &Self) -> bool {
         (self.id, &self.conv, self.seq, &self.from, &self.cmid, self.ts, self.body.get())
             == (other.id, &other.conv, other.seq, &other.from, &other.cmid, other.ts, other.body.get())
+            && (&self.event, self.edited_seq, self.recalled_seq) == (&other.event, other.edited_seq, other.recalled_seq)
     }
 }
 
@@ -125,6 +141,9 @@ mod tests {
             ts: 1,
             body: RawValue::from_string(r#"{"text":"hi"}"#.into()).unwrap(),
             status: None,
+            event: None,
+            edited_seq: None,
+            recalled_seq: None,
         };
         let f = msg_frame(&m);
         assert!(f.starts_with(r#"{"t":"msg","id":"7405329411723264001""#), "{f}");

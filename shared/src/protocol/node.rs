@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::server::DeliveryStatus;
+use super::timeline::TimelineEntry;
 use super::SendResult;
 use crate::error::ErrorCode;
 use crate::ids::MsgId;
@@ -151,6 +152,10 @@ pub enum IngressRequest {
     Read(ReadEntry),
     /// One position (`k=dlv`, written by gateways before batches) or a batch (`k=dlvs`).
     Delivered(Vec<DeliveredEntry>),
+    /// A change to the conversation's timeline (`k=tl`): committed in stream order with
+    /// the sends around it. A worker older than timeline events drops it as malformed
+    /// (its sender hears `unavailable`): upgrade workers first.
+    Timeline(TimelineEntry),
 }
 
 impl IngressRequest {
@@ -160,6 +165,7 @@ impl IngressRequest {
             Some("read") => ReadEntry::from_fields(f).map(IngressRequest::Read),
             Some("dlv") => DeliveredEntry::from_fields(f).map(|e| IngressRequest::Delivered(vec![e])),
             Some("dlvs") => DeliveredEntry::batch_from_fields(f).map(IngressRequest::Delivered),
+            Some("tl") => TimelineEntry::from_fields(f).map(IngressRequest::Timeline),
             Some(_) => None,
         }
     }
@@ -221,6 +227,9 @@ pub enum SendOutcome {
         conv: String,
         read_seq: u64,
     },
+    /// A timeline change committed: its events (none when it changed nothing), or, for
+    /// a repeat of its idempotency key, those of its first commit (`dup: true`).
+    Timeline(Vec<SendResult>),
     Err {
         code: ErrorCode,
         message: String,

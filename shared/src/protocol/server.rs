@@ -273,6 +273,9 @@ mod tests {
             ts: 1_700_000_000_000,
             body: RawValue::from_string(r#"{"text": "hi", "n": [1, 2.5]}"#.into()).unwrap(),
             status: None,
+            event: None,
+            edited_seq: None,
+            recalled_seq: None,
         }
     }
 

@@ -28,7 +28,7 @@ mod connections;
 mod fence;
 mod numbering;
 mod outcome;
-mod script;
+pub mod script;
 #[cfg(test)]
 mod tests;
 
@@ -358,6 +358,7 @@ impl CommitPipeline {
                     cmid: e.cmid.clone(),
                     ts: now,
                     body: e.body.clone(),
+                    event: None,
                 }
             })
             .collect();

@@ -16,7 +16,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use herald_shared::db::TextColumns;
 use herald_shared::ids::MsgId;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
-use herald_shared::protocol::{msg_frame, Delivery, Message, NodeEnvelope};
+use herald_shared::protocol::{Delivery, NodeEnvelope, TimelineEvent};
 use herald_shared::scripts;
 use serde_json::value::RawValue;
 use sqlx::mysql::MySqlPool;
@@ -93,7 +93,7 @@ impl Fanout {
             return Ok(Vec::new());
         }
         let mut q = QueryBuilder::<MySql>::new(
-            "SELECT id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at FROM messages WHERE id IN (",
+            "SELECT id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at, event FROM messages WHERE id IN (",
         );
         let mut sep = q.separated(", ");
         for id in ids {
@@ -113,6 +113,7 @@ impl Fanout {
                     cmid: r.text(6)?,
                     body: r.text(7)?,
                     ts: r.try_get::<i64, _>(8)? as u64,
+                    event: r.opt_text(9)?.map(|e| serde_json::from_str(&e).unwrap_or(TimelineEvent::Unknown)),
                 })
             })
             .collect()
@@ -177,23 +178,12 @@ impl Fanout {
                 by_conv.entry((r.tenant.as_str(), r.conv.as_str())).or_default().push(r);
             }
             for m in group.iter() {
-                let body = RawValue::from_string(m.body.clone()).map_err(|_| FanoutError::Corrupt(m.id))?;
-                let frame = msg_frame(&Message {
-                    id: m.id,
-                    conv: m.conv.clone(),
-                    seq: m.seq,
-                    from: m.sender.clone(),
-                    cmid: m.cmid.clone(),
-                    ts: m.ts,
-                    body,
-                    status: None,
-                });
-                frames.insert(m.id, frame);
+                frames.insert(m.id, m.frame().ok_or(FanoutError::Corrupt(m.id))?);
                 for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
-                    let is_sender_device = r.user == m.sender && r.device == m.sender_device;
-                    if r.receives(m.seq) && !is_sender_device {
-                        // Nobody is notified of their own messages (sent from another device).
-                        if r.push && r.user != m.sender && self.push.is_some() {
+                    if r.receives(m.seq) && !m.skips(&r.user, &r.device) {
+                        // Nobody is notified of their own messages (sent from another
+                        // device), nor of timeline events.
+                        if r.push && r.user != m.sender && m.event.is_none() && self.push.is_some() {
                             push.push(PushCandidate {
                                 tenant: m.tenant.clone(),
                                 user: r.user.clone(),
@@ -329,6 +319,12 @@ impl Fanout {
                 )
                 .await?;
         }
+        // A recall or edit drops its message's stored frame (after it was written, in
+        // commit order): devices that still owe it read it from MySQL, as it is now.
+        let stale: Vec<MsgId> = msgs.iter().filter_map(|m| m.event.as_ref()?.target()).collect();
+        for id in &stale {
+            let _: () = pipe.del(self.keys.message(*id)).await?;
+        }
         let plans: Vec<(&(String, String), &UserPlan)> = plans.iter().collect();
         let calls = calls(&self.keys, &plans, client.is_clustered());
         for call in &calls {
@@ -361,14 +357,14 @@ impl Fanout {
         let results = pipe.try_all::<Value>().await;
         // A pipeline that failed as a whole answers with fewer results than commands:
         // that is a failed fan-out (retried by the outbox), never a partial success.
-        if results.len() != msgs.len() + calls.len() {
+        if results.len() != msgs.len() + stale.len() + calls.len() {
             let first_error = results.into_iter().find_map(Result::err);
             return Err(first_error.unwrap_or_else(|| {
                 fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out pipeline answered short")
             }));
         }
         let mut results = results.into_iter();
-        for _ in msgs {
+        for _ in 0..msgs.len() + stale.len() {
             results.next().transpose()?;
         }
         let mut online = vec![Vec::new(); plans.len()];

@@ -18,6 +18,7 @@ fn message(id: u64, seq: u64) -> Committed {
         cmid: format!("m{seq}"),
         ts: 1,
         body: format!("{{\"n\":{seq}}}"),
+        event: None,
     }
 }
 
@@ -75,6 +76,43 @@ async fn commits_fanned_out_together_keep_their_own_recipients() {
     assert_eq!(delivered, vec![(MsgId(1_001), vec!["carol".to_string()])]);
     assert!(fanout.is_done(71).await.unwrap() && fanout.is_done(72).await.unwrap());
     assert!(!fanout.is_done(73).await.unwrap());
+}
+
+/// A timeline event reaches its actor's own device too (a message does not), raises no
+/// push, and a recall drops the stored frame of the message it recalls.
+#[tokio::test]
+async fn an_event_reaches_its_actors_device_and_a_recall_drops_its_targets_frame() {
+    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
+    let (push, mut pushed) = tokio::sync::mpsc::channel(8);
+    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000).with_push(push);
+    let target = message(2_001, 1);
+    fanout.deliver_to(&[(std::slice::from_ref(&target), &[member("bob", "b1")])], &[81]).await.unwrap();
+    let frame = |id: u64| {
+        let (redis, key) = (redis.next().clone(), keys.message(MsgId(id)));
+        async move { redis.get::<Option<String>, _>(key).await.unwrap() }
+    };
+    assert!(frame(2_001).await.is_some());
+    let _ = pushed.try_recv();
+
+    let recall = Committed {
+        body: "null".into(),
+        event: Some(TimelineEvent::Recalled { target: MsgId(2_001), target_seq: 1 }),
+        ..message(2_002, 2)
+    };
+    let members = [Recipient { push: true, ..member("alice", "a1") }, Recipient { push: true, ..member("bob", "b1") }];
+    fanout.deliver_to(&[(std::slice::from_ref(&recall), &members)], &[82]).await.unwrap();
+    let pending = |user: &str, device: &str| {
+        let (redis, key) = (redis.next().clone(), keys.pending("t", user, device));
+        async move { redis.zrange::<Vec<String>, _, _, _>(key, 0, -1, None, false, None, false).await.unwrap() }
+    };
+    assert_eq!(pending("alice", "a1").await, vec![MsgId(2_002).member()], "the actor's device gets its event");
+    assert!(frame(2_001).await.is_none(), "the recalled message's frame is gone");
+    let stored = frame(2_002).await.unwrap();
+    assert!(stored.contains(r#""event":{"type":"recalled","target":"2001","target_seq":1}"#), "{stored}");
+    assert!(pushed.try_recv().is_err(), "no push notification for an event");
 }
 
 /// A fan-out's users go in few script calls: all in one on a single Redis, cut where

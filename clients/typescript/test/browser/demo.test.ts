@@ -1,8 +1,10 @@
 // The demo page (demo/) in headless Chromium (Debian's, driven by playwright-core)
 // against a real local Herald (one worker, two gateways): two users chat, two tabs are
 // two devices of one user, and a page whose gateway is SIGKILLed reconnects to the other. Each page's timeline must
-// hold every message once and in seq order. CHROMIUM names the browser (default
-// /usr/bin/chromium); DEMO_SCREENSHOT=file saves a screenshot of the chat.
+// hold every message once and in seq order. Edits, recalls and membership and title
+// changes show on every page. CHROMIUM names the browser (default /usr/bin/chromium);
+// DEMO_SCREENSHOT=file saves a screenshot of the chat, DEMO_SCREENSHOT_EVENTS=file one
+// of the timeline events.
 
 import { createServer as netServer } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -137,6 +139,45 @@ describe("the demo page", () => {
       expect(t.texts).toEqual(["one", "two", "three", "from tab 1"]);
     }
     for (const page of [tab1, tab2, frank]) await page.close();
+  });
+
+  it("edits, recalls and membership and title changes show on every page", async () => {
+    const [gw1, gw2] = herald.gateways.map((g) => g.base);
+    const gina = await signIn("gina", [gw1]);
+    const hank = await signIn("hank", [gw2]);
+    const conv = await openConv(gina, "hank");
+    await send(gina, "helo");
+    await send(gina, "meeting at 3?");
+    await send(gina, "wrong room");
+    await hank.click(`#convs li[data-conv="${conv}"]`, { timeout: 10_000 });
+    await timeline(hank, 3);
+    // Gina edits her first message and recalls her last, from their buttons.
+    gina.once("dialog", (d) => void d.accept("hello"));
+    await gina.click('#timeline li.own:has-text("helo") button.edit');
+    await gina.waitForSelector('#timeline li[data-edited="1"]:has-text("hello")', { timeout: 10_000 });
+    await gina.click('#timeline li.own:has-text("wrong room") button.recall');
+    // She adds ivan; a service of the app renames the group.
+    await gina.fill("#members input", "ivan");
+    await gina.press("#members input", "Enter");
+    await gina.waitForSelector("#timeline li.event:has-text('gina added ivan')", { timeout: 15_000 });
+    await herald.api("gina", "POST", `/v1/conversations/${conv}/title`, { title: "Project" });
+    for (const page of [gina, hank]) {
+      await page.waitForSelector("#timeline li.event:has-text('renamed the conversation')", { timeout: 15_000 });
+      const lines = await page.$$eval("#timeline li", (lis) =>
+        lis.map((li) => `${li.className.includes("event") ? "event" : "msg"}: ${li.firstChild!.textContent}${(li as HTMLElement).dataset.edited ? " (edited)" : ""}`),
+      );
+      expect(lines).toEqual([
+        "msg: hello (edited)",
+        "msg: meeting at 3?",
+        "msg: message recalled",
+        "event: gina added ivan",
+        'event: gina renamed the conversation "Project"',
+      ]);
+      expect(await page.textContent("#title")).toBe("Project");
+    }
+    if (process.env.DEMO_SCREENSHOT_EVENTS) await hank.screenshot({ path: process.env.DEMO_SCREENSHOT_EVENTS });
+    await gina.close();
+    await hank.close();
   });
 
   it("a page whose gateway is SIGKILLed reconnects to the other and shows every message once, in order", async () => {

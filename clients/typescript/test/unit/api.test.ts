@@ -50,6 +50,24 @@ describe("the HTTP API client", () => {
     expect(calls[1]).toMatchObject({ url: "http://gw/v1/devices/me/push", init: { method: "DELETE" } });
   });
 
+  it("retries an edit with its cmid while unavailable, and refuses a forbidden recall at once", async () => {
+    vi.useFakeTimers();
+    const unavailable = { status: 503, body: { error: { code: "unavailable", message: "not confirmed in time" } } };
+    const event = { id: "9", conv: "g", seq: 4, ts: 1, dup: true };
+    const forbidden = { status: 403, body: { error: { code: "forbidden", message: "the edit window has passed" } } };
+    const { fetch, calls } = fakeFetch([unavailable, { status: 200, body: event }, forbidden]);
+    const api = new HeraldApi({ url: "http://gw", token: "tok", fetch });
+    const edited = api.edit("7", { text: "fixed" }, "e-1");
+    await vi.advanceTimersByTimeAsync(300);
+    await expect(edited).resolves.toEqual(event);
+    expect(calls.map((c) => [c.url, c.init.body])).toEqual([
+      ["http://gw/v1/messages/7/edit", '{"cmid":"e-1","body":{"text":"fixed"}}'],
+      ["http://gw/v1/messages/7/edit", '{"cmid":"e-1","body":{"text":"fixed"}}'],
+    ]);
+    await expect(api.recall("7", "r-1")).rejects.toMatchObject({ status: 403, code: "forbidden" });
+    expect(calls).toHaveLength(3);
+  });
+
   it("throws other errors at once, with their code", async () => {
     const { fetch } = fakeFetch([{ status: 403, body: { error: { code: "forbidden", message: "not a member" } } }]);
     const api = new HeraldApi({ url: "http://gw", token: "tok", fetch });

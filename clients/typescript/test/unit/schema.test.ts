@@ -97,6 +97,21 @@ describe("protocol.ts against docs/protocol.schema.json", () => {
     expect(tsShape(tsType("WireMessage"))).toEqual(schemaShape(schema.$defs.Message));
   });
 
+  it("TimelineEvent has the schema's event types and fields", () => {
+    const fromSchema = Object.fromEntries(
+      (schema.$defs.TimelineEvent.oneOf as any[]).map((v) => [v.properties.type.const, schemaShape(v)]),
+    );
+    const type = tsType("TimelineEvent");
+    const fromTs = Object.fromEntries(
+      (type.isUnion() ? type.types : [type]).map((m) => {
+        const t = checker.getTypeOfSymbol(m.getProperty("type")!);
+        return [t.isStringLiteral() ? t.value : "?", tsShape(m)];
+      }),
+    );
+    expect(Object.keys(fromSchema).length).toBe(7);
+    expect(fromTs).toEqual(fromSchema);
+  });
+
   it("ErrorCode has the schema's codes", () => {
     const type = tsType("ErrorCode");
     const codes = (type.isUnion() ? type.types : [type]).map((t) => (t.isStringLiteral() ? t.value : "?"));

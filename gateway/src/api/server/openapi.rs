@@ -8,7 +8,8 @@ use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
 use super::messages::ServerSendRequest;
-use crate::api::conversations::{Conversation, CreateRequest, MembersRequest};
+use crate::api::conversations::{Conversation, CreateRequest};
+use crate::api::timeline::{MembersRequest, RoleRequest, TitleRequest};
 use herald_shared::error::ErrorBody;
 use herald_shared::protocol::SendResult;
 use herald_shared::service_token::Scope;
@@ -76,6 +77,18 @@ fn operation(id: &str, summary: &str, scope: Scope, request: Value, answers: Vec
     })
 }
 
+/// A change of a conversation (`/v1/server/conversations/{id}/...`): its answer is the
+/// conversation after the change.
+fn change(s: &mut Schemas, (id, summary): (&str, &str), request: Value, own: &[(&str, &str)]) -> Value {
+    let mut answers = vec![("200".to_owned(), s.answer::<Conversation>("the conversation after the change"))];
+    let not_found = [("404", "not_found: no such conversation in the token's tenant")];
+    let own: Vec<(&str, &str)> = not_found.into_iter().chain(own.iter().copied()).collect();
+    answers.extend(refusals(s, &own));
+    let mut op = operation(id, summary, Scope::ConversationsWrite, request, answers);
+    op["parameters"] = json!([{ "name": "id", "in": "path", "required": true, "description": "The conversation's id.", "schema": { "type": "string" } }]);
+    op
+}
+
 /// The document.
 pub fn document() -> Value {
     let mut s = Schemas::new();
@@ -108,22 +121,33 @@ pub fn document() -> Value {
         s.request::<CreateRequest>(),
         create_answers,
     );
-    let mut member_answers = vec![("200".to_owned(), s.answer::<Conversation>("the conversation after the change"))];
-    member_answers.extend(refusals(
+    let members = s.request::<MembersRequest>();
+    let members = change(
         &mut s,
-        &[
-            ("404", "not_found: no such conversation in the token's tenant"),
-            ("409", "conflict: the members of a direct conversation are fixed"),
-        ],
-    ));
-    let mut members = operation(
-        "changeMembers",
-        "Add and remove members; a repeat changes nothing more",
-        Scope::ConversationsWrite,
-        s.request::<MembersRequest>(),
-        member_answers,
+        (
+            "changeMembers",
+            "Add and remove members (events member_added, member_removed); a repeat changes nothing more",
+        ),
+        members,
+        &[("409", "conflict: the members of a direct conversation are fixed")],
     );
-    members["parameters"] = json!([{ "name": "id", "in": "path", "required": true, "description": "The conversation's id.", "schema": { "type": "string" } }]);
+    let title = s.request::<TitleRequest>();
+    let title = change(
+        &mut s,
+        ("changeTitle", "Set the title (event title_changed); the same title again changes nothing"),
+        title,
+        &[("409", "conflict: the title of a direct conversation is fixed")],
+    );
+    let role = s.request::<RoleRequest>();
+    let roles = change(
+        &mut s,
+        ("changeRole", "Give a member a role (event role_changed); owner hands ownership over"),
+        role,
+        &[
+            ("400", "bad_request: the user is not a member, or a field is outside its rule"),
+            ("409", "conflict: a direct conversation has no roles"),
+        ],
+    );
     let scopes: Map<String, Value> = Scope::ALL.iter().map(|sc| (sc.as_str().to_owned(), json!(sc.as_str()))).collect();
     json!({
         "openapi": "3.1.0",
@@ -137,6 +161,8 @@ pub fn document() -> Value {
             "/v1/server/messages": { "post": send },
             "/v1/server/conversations": { "post": create },
             "/v1/server/conversations/{id}/members": { "post": members },
+            "/v1/server/conversations/{id}/title": { "post": title },
+            "/v1/server/conversations/{id}/roles": { "post": roles },
         },
         "components": {
             "securitySchemes": {
@@ -189,7 +215,13 @@ mod tests {
     fn document_names_each_route_and_resolves_its_references() {
         let doc = document();
         let text = doc.to_string();
-        for path in ["/v1/server/messages", "/v1/server/conversations", "/v1/server/conversations/{id}/members"] {
+        for path in [
+            "/v1/server/messages",
+            "/v1/server/conversations",
+            "/v1/server/conversations/{id}/members",
+            "/v1/server/conversations/{id}/title",
+            "/v1/server/conversations/{id}/roles",
+        ] {
             assert!(doc["paths"][path]["post"]["security"][0]["serviceToken"][0].is_string(), "{path}");
         }
         for name in text.split("\"#/components/schemas/").skip(1).map(|rest| &rest[..rest.find('"').unwrap()]) {

@@ -1,0 +1,296 @@
+//! One ingress stream's consumer ([`IngressShard`]): it takes over what a previous
+//! owner left pending, then reads batches and commits each in stream order: runs of
+//! sends through the group committer, timeline changes one by one, then the batch's
+//! read receipts and delivered positions; committed entries leave the stream.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::streams::XReadValue;
+use herald_shared::ids::now_ms;
+use herald_shared::keys::INGRESS_GROUP;
+use herald_shared::protocol::{IngressEntry, IngressRequest, NodeEnvelope, SendNotice, TimelineEntry};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::commit::{BatchResult, Fence};
+use crate::context::WorkerContext;
+use crate::group::{publish, CommitQueue, CommitRequest};
+use crate::lease::Lease;
+
+type Entry = XReadValue<String, String, String>;
+
+/// Delivered positions applied per statement at most: a batch of entries may carry
+/// many (a gateway writes up to 512 per entry).
+const DELIVERED_CHUNK: usize = 2_048;
+
+/// The consumer of one ingress stream.
+pub struct IngressShard {
+    pub(super) shard: u32,
+    pub(super) key: String,
+    pub(super) shared: Arc<WorkerContext>,
+    pub(super) lease: Arc<Lease>,
+    /// Taken with the lease: commits of a worker whose lease lapsed are refused.
+    pub(super) fence: Fence,
+    pub(super) commits: CommitQueue,
+    /// The fan-out stage, for timeline changes (sends reach it through `commits`).
+    pub(super) fanouts: mpsc::Sender<BatchResult>,
+}
+
+/// A run of a batch's entries committed together: sends, or one timeline change.
+enum Step {
+    Sends(Vec<IngressEntry>, Vec<String>),
+    Timeline(Box<TimelineEntry>, String),
+}
+
+impl IngressShard {
+    pub(super) async fn run(self, cancel: CancellationToken) {
+        let cfg = &self.shared.cfg;
+        let block = cfg.worker.batch_block_ms;
+        let client = match herald_shared::redis::builder(
+            cfg.redis_url.as_str(),
+            &cfg.redis.tls(),
+            Duration::from_millis(block + 3_000),
+        )
+        .and_then(|b| b.build())
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the ingress client");
+                return;
+            }
+        };
+        let _ = client.init().await;
+        while !cancel.is_cancelled() && self.lease.is_valid() {
+            match self.consume(&client, &cancel).await {
+                Ok(()) => break,
+                Err(e) => {
+                    metrics::counter!("herald_redis_errors_total", "source" => "ingress").increment(1);
+                    tracing::warn!(shard = self.shard, error = %e, "ingress consumer error; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+        let _ = client.quit().await;
+    }
+
+    async fn consume(&self, client: &Client, cancel: &CancellationToken) -> Result<(), Error> {
+        let me = self.shared.cfg.node_id.as_str();
+        let count = self.shared.cfg.worker.batch_max as u64;
+        match client.xgroup_create::<(), _, _, _>(&self.key, INGRESS_GROUP, "0", true).await {
+            Ok(()) => {}
+            Err(e) if e.to_string().contains("BUSYGROUP") => {}
+            Err(e) => return Err(e),
+        }
+        // Whatever a previous owner (or an earlier life of this node) read but did not
+        // acknowledge comes first.
+        let mut cursor = "0-0".to_string();
+        loop {
+            let (next, entries): (String, Vec<Entry>) =
+                client.xautoclaim_values(&self.key, INGRESS_GROUP, me, 0, cursor.as_str(), Some(count), false).await?;
+            if !entries.is_empty() {
+                tracing::info!(shard = self.shard, entries = entries.len(), "took over pending ingress entries");
+                let Some(done) = self.process(client, entries, cancel).await? else {
+                    return Ok(());
+                };
+                self.acknowledge(client, done).await?;
+            }
+            if next == "0-0" {
+                break;
+            }
+            cursor = next;
+        }
+        // Entries committed but not yet acknowledged: acknowledged in the same round trip
+        // as the next read, so a batch costs one round trip to Redis, not two, and its
+        // shard reads the next batch at once.
+        let mut done: Vec<String> = Vec::new();
+        loop {
+            if cancel.is_cancelled() || !self.lease.is_valid() {
+                return self.acknowledge(client, done).await;
+            }
+            let block = Some(self.shared.cfg.worker.batch_block_ms);
+            let read = async {
+                if done.is_empty() {
+                    return client
+                        .xreadgroup::<Value, _, _, _, _>(INGRESS_GROUP, me, Some(count), block, false, &self.key, ">")
+                        .await;
+                }
+                let pipe = client.pipeline();
+                let _: () = pipe.xack(&self.key, INGRESS_GROUP, done.clone()).await?;
+                let _: () = pipe.xdel(&self.key, done.clone()).await?;
+                let _: () = pipe.xreadgroup(INGRESS_GROUP, me, Some(count), block, false, &self.key, ">").await?;
+                let mut answers: Vec<Value> = pipe.all().await?;
+                answers.pop().ok_or_else(|| Error::new(ErrorKind::Protocol, "the read answered short"))
+            };
+            let value = tokio::select! {
+                // Stopping: what was committed is acknowledged (again: XACK is idempotent),
+                // so the next owner does not take it over.
+                _ = cancel.cancelled() => return self.acknowledge(client, done).await,
+                v = read => v?,
+            };
+            done.clear();
+            if value.is_null() {
+                continue;
+            }
+            let mut streams: HashMap<String, Vec<Entry>> = value.into_xread_response()?;
+            let entries = streams.remove(&self.key).unwrap_or_default();
+            if entries.is_empty() {
+                continue;
+            }
+            match self.process(client, entries, cancel).await? {
+                Some(xids) => done = xids,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Commits one batch (through the group committer, which answers and fans out): its
+    /// sends and timeline changes in stream order, then its reads and delivered
+    /// positions; the ids of its entries left to acknowledge (a timeline change is
+    /// acknowledged as soon as it commits). `Ok(None)` when the shard must stop (lease
+    /// lost or shutdown) with the rest of the batch left pending.
+    async fn process(
+        &self,
+        client: &Client,
+        entries: Vec<Entry>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Vec<String>>, Error> {
+        let s = &self.shared;
+        let mut xids = Vec::with_capacity(entries.len());
+        let mut steps: Vec<Step> = Vec::new();
+        let mut reads = Vec::new();
+        let mut delivered = Vec::new();
+        let now = now_ms();
+        for (xid, fields) in &entries {
+            // Stream ids start with the XADD time in ms: how long the request waited.
+            if let Some(added) = xid.split('-').next().and_then(|ms| ms.parse::<u64>().ok()) {
+                metrics::histogram!("herald_ingress_lag_seconds").record(now.saturating_sub(added) as f64 / 1000.0);
+            }
+            match IngressRequest::from_fields(fields) {
+                Some(IngressRequest::Send(e)) => match steps.last_mut() {
+                    Some(Step::Sends(sends, ids)) => {
+                        sends.push(e);
+                        ids.push(xid.clone());
+                    }
+                    _ => steps.push(Step::Sends(vec![e], vec![xid.clone()])),
+                },
+                Some(IngressRequest::Timeline(t)) => steps.push(Step::Timeline(Box::new(t), xid.clone())),
+                Some(IngressRequest::Read(r)) => {
+                    reads.push(r);
+                    xids.push(xid.clone());
+                }
+                Some(IngressRequest::Delivered(d)) => {
+                    delivered.extend(d);
+                    xids.push(xid.clone());
+                }
+                None => {
+                    tracing::warn!(shard = self.shard, xid, "malformed ingress entry dropped");
+                    xids.push(xid.clone());
+                }
+            }
+        }
+
+        // Sends and timeline changes in stream order. A change leaves the stream as soon
+        // as it commits, with the sends before it: a takeover repeats only what came
+        // after it, so a change that changed nothing cannot be taken again after a later
+        // one changed the conversation.
+        let mut committed: Vec<String> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Sends(valid, ids) => {
+                    // Committed with the batches of the worker's other shards waiting now;
+                    // answered and handed to the fan-out by the group committer.
+                    let (done, finished) = tokio::sync::oneshot::channel();
+                    let request = CommitRequest {
+                        entries: valid,
+                        fence: self.fence,
+                        lease: self.lease.clone(),
+                        cancel: cancel.clone(),
+                        done,
+                    };
+                    if self.commits.send(request).await.is_err() || !finished.await.unwrap_or(false) {
+                        return Ok(None);
+                    }
+                    committed.extend(ids);
+                }
+                Step::Timeline(t, xid) => {
+                    let keep_going = || !cancel.is_cancelled() && self.lease.is_valid();
+                    let Some((answer, fanout)) = s.timeline.commit(&t, &s.ids, self.fence, keep_going).await else {
+                        return Ok(None);
+                    };
+                    if let Err(e) = publish(&s.redis, &s.keys, &crate::timeline::notice(&t, answer)).await {
+                        tracing::warn!(error = %e, "could not publish a timeline notice");
+                    }
+                    // A fan-out stage gone (stopping) leaves the event to the outbox.
+                    if let Some(fanout) = fanout {
+                        let _ = self.fanouts.send(fanout).await;
+                    }
+                    committed.push(xid);
+                    self.acknowledge(client, std::mem::take(&mut committed)).await?;
+                }
+            }
+        }
+        xids.append(&mut committed);
+
+        // Reads after the sends of the batch, so a read of a message in it is not capped.
+        if !reads.is_empty() {
+            let outcomes = loop {
+                if cancel.is_cancelled() || !self.lease.is_valid() {
+                    return Ok(None);
+                }
+                match s.reads.apply(&reads).await {
+                    Ok(o) => break o,
+                    Err(e) => {
+                        metrics::counter!("herald_mysql_errors_total").increment(1);
+                        tracing::warn!(shard = self.shard, error = %e, "read receipts failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
+            for (r, outcome) in reads.iter().zip(outcomes) {
+                by_node.entry(r.node.as_str()).or_default().sent.push(SendNotice {
+                    rid: r.rid,
+                    echo: Some(r.echo()),
+                    outcome,
+                });
+            }
+            if let Err(e) = publish(&s.redis, &s.keys, &by_node).await {
+                tracing::warn!(error = %e, "could not publish read notices");
+            }
+        }
+        // Delivered positions last: nobody waits for them. In bounded statements, each
+        // conversation's positions together.
+        delivered.sort_by(|a, b| (&a.tenant, &a.conv).cmp(&(&b.tenant, &b.conv)));
+        for chunk in delivered.chunks(DELIVERED_CHUNK) {
+            loop {
+                if cancel.is_cancelled() || !self.lease.is_valid() {
+                    return Ok(None);
+                }
+                match s.delivered.apply(chunk).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        metrics::counter!("herald_mysql_errors_total").increment(1);
+                        tracing::warn!(shard = self.shard, error = %e, "delivered positions failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+        Ok(Some(xids))
+    }
+
+    /// Committed entries leave the stream: it holds only work not yet done.
+    async fn acknowledge(&self, client: &Client, xids: Vec<String>) -> Result<(), Error> {
+        if xids.is_empty() {
+            return Ok(());
+        }
+        let pipe = client.pipeline();
+        let _: () = pipe.xack(&self.key, INGRESS_GROUP, xids.clone()).await?;
+        let _: () = pipe.xdel(&self.key, xids).await?;
+        let _: Vec<Value> = pipe.all().await?;
+        Ok(())
+    }
+}
