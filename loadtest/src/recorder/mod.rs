@@ -319,7 +319,9 @@ mod tests {
         rec.message(&msg(serde_json::json!({"t0": now - 100_000, "ti": now - 300_000})), Via::Realtime, Duration::ZERO);
         // a body without a due time (a send without a schedule) counts from its send
         rec.message(&msg(serde_json::json!({"t0": now - 40_000})), Via::Realtime, Duration::ZERO);
-        let near = |v: f64, want: f64| (v - want).abs() < want * 0.05 + 2.0;
+        // Latencies count up to when they are recorded, a little after `now` (more on a
+        // loaded machine): never less than meant, and far from the other cases.
+        let near = |v: f64, want: f64| v > want * 0.95 - 2.0 && v < want + 30.0;
         let (ack, ack_sent) = (rec.send_ack(), rec.send_ack_from_actual());
         assert!(near(ack.max, 300.0) && near(ack_sent.max, 100.0), "{ack:?} {ack_sent:?}");
         let (rt, rt_sent) = (rec.realtime(), rec.realtime_from_actual());
