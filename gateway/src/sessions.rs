@@ -45,6 +45,13 @@ impl SessionRegistry {
         metrics::gauge!("herald_gateway_sessions").decrement(1.0);
     }
 
+    /// The session registered for the device here, other than `me`: the newer session
+    /// that replaced `me`.
+    pub fn successor(&self, key: &DeviceKey, me: &str) -> Option<String> {
+        let map = self.sessions.lock().expect("sessions");
+        map.get(key).filter(|e| e.session != me).map(|e| e.session.clone())
+    }
+
     /// Closes the device's session if it is `session` (replaced on another node).
     pub fn kick(&self, key: &DeviceKey, session: &str) {
         let map = self.sessions.lock().expect("sessions");

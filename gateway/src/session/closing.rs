@@ -51,6 +51,7 @@ where
             self.leave_acks();
         }
         self.report_watermark().await;
-        self.presence.clear(self.env.redis.next()).await;
+        let successor = directory.successor(&self.device, &self.id);
+        self.presence.give_up(self.env.redis.next(), successor.as_deref()).await;
     }
 }

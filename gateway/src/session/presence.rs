@@ -59,9 +59,13 @@ impl Presence {
         matches!(set, Ok(1))
     }
 
-    /// Clears the entry if it is still this session's.
-    pub async fn clear(&self, redis: &Client) {
-        let args = vec![self.device.device.clone(), self.value.to_string()];
+    /// Gives the entry up if it is still this session's: to `successor`, the device's
+    /// newer session on this node, when there is one; else it is cleared.
+    pub async fn give_up(&self, redis: &Client, successor: Option<&str>) {
+        let mut args = vec![self.device.device.clone(), self.value.to_string()];
+        if let Some(session) = successor {
+            args.push(PresenceValue::new(self.value.node.as_str(), session).to_string());
+        }
         let _: Result<i64, _> = scripts::PRESENCE_CLEAR.call(redis, vec![self.key.clone()], args).await;
     }
 }

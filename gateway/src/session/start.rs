@@ -35,6 +35,11 @@ where
     pub(super) async fn start(&mut self) -> Result<(), SessionError> {
         let redis = self.env.redis.next().clone();
         self.presence.claim(&redis, &self.env.keys).await?;
+        // Replaced here while claiming (the newer session's claim can reach Redis first):
+        // the presence goes to the newer one, which a kick from another node must find.
+        if let Some(newer) = self.env.directory.successor(&self.device, &self.id) {
+            self.presence.give_up(&redis, Some(&newer)).await;
+        }
         // The device registry in Redis (MySQL's devices table stays the truth).
         let devices = self.env.keys.devices(&self.device.tenant, &self.device.user);
         let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
