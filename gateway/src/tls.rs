@@ -17,7 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::either::Either;
 
 /// A connection of the public listener: plain TCP, or TLS over it.
-pub type Connection = Either<TcpStream, TlsStream<TcpStream>>;
+pub type Connection = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
 /// The listener's certificate and key, loaded once at start.
 #[derive(Clone)]
@@ -46,7 +46,7 @@ pub async fn accept(tls: Option<&ListenerTls>, stream: TcpStream, deadline: Dura
     let Some(tls) = tls else { return Some(Either::Left(stream)) };
     let peer = stream.peer_addr().ok();
     match tokio::time::timeout(deadline, tls.acceptor.accept(stream)).await {
-        Ok(Ok(s)) => Some(Either::Right(s)),
+        Ok(Ok(s)) => Some(Either::Right(Box::new(s))),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, ?peer, "TLS handshake failed");
             None
