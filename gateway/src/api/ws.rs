@@ -59,9 +59,10 @@ impl Refusal {
 
 pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, ws: WebSocketUpgrade) -> Response {
     // Explicit buffer sizes: tungstenite's defaults hold 128 KiB + 128 KiB per connection.
-    // Reads: a 1 KiB buffer, which every session holds for its life, idle or not (it was
-    // 4 KiB: docs/benchmarks.md, idle session memory); client frames are mostly acks and
-    // short sends, and a longer one is read in 1 KiB steps into a buffer of its size. The
+    // Reads: a 512-byte buffer, which every session holds for its life, idle or not (it
+    // was 4 KiB, then 1 KiB: docs/benchmarks.md, idle session memory); client frames are
+    // mostly acks and short sends, and a longer one is read in 512-byte steps into a
+    // buffer of its size. The
     // hard message cap is above twice the protocol's frame limit, so an oversized frame
     // is answered with `too_large`, not cut. Writes: the buffer takes the
     // largest frame the gateway writes (a full history page), so none is dropped for size.
@@ -71,7 +72,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     let hard_cap = ((g.max_body_bytes * 2 + 4096) * 2).max(1 << 20);
     let ws = ws
         .protocols([SUBPROTOCOL])
-        .read_buffer_size(1024)
+        .read_buffer_size(512)
         .write_buffer_size(0)
         .max_write_buffer_size(g.largest_frame_bytes() * 2)
         .max_message_size(hard_cap)
