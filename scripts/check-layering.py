@@ -29,9 +29,9 @@ LAYERS = {
         [""],
     ],
     "gateway": [
-        ["tls", "mailbox", "budget"],
+        ["tls", "mailbox", "budget", "watchers"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status"],
-        ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "notices"],
+        ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "notices", "typing", "roster"],
         ["session"],
         ["state"],
         ["api"],

@@ -8,11 +8,13 @@
 //!   [`listener`] (the public listener), [`client_ip`] (the client behind trusted
 //!   proxies), [`waiters`] (requests awaiting answers),
 //!   [`epoch`] (the Redis epoch), [`sessions`] (the directory of sessions here),
-//!   [`acks`] (acks left over by ended sessions, retried).
+//!   [`acks`] (acks left over by ended sessions, retried); [`watchers`] (who follows
+//!   whose presence here) sits with the mailbox.
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
 //!   streams), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
 //!   [`watermarks`] (their flusher), [`delivered`] (delivered positions' flusher),
-//!   [`notices`] (the node channel). [`status`] (a message's status per recipient)
+//!   [`notices`] (the node and presence channels), [`typing`] (typing indicators
+//!   relayed), [`roster`] (presence announced and read). [`status`] (a message's status per recipient)
 //!   sits with the leaves.
 //! - [`session`]: one WebSocket session.
 //! - [`state`]: the services bundled for the handlers; [`api`]: the HTTP handlers and
@@ -33,12 +35,15 @@ pub mod listener;
 pub mod mailbox;
 pub mod notices;
 pub mod recovery;
+pub mod roster;
 pub mod session;
 pub mod sessions;
 pub mod state;
 pub mod status;
 pub mod tls;
+pub mod typing;
 pub mod waiters;
+pub mod watchers;
 pub mod watermarks;
 
 use std::future::Future;
@@ -95,7 +100,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     }
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let waiters = Arc::new(SendWaiters::default());
-    let subscriber = notices::subscribe(&cfg.redis_url, &cfg.redis.tls(), keys.node_channel(&cfg.node_id)).await?;
+    let channels = vec![keys.node_channel(&cfg.node_id), keys.presence_channel()];
+    let subscriber = notices::subscribe(&cfg.redis_url, &cfg.redis.tls(), channels).await?;
     let epoch = EpochWatch::new(epoch::current_epoch(&redis, &keys.epoch()).await?);
 
     let tls = match cfg.gateway.tls_files() {
@@ -137,6 +143,21 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         max_body_bytes: g.max_body_bytes,
     };
     let limits = Arc::new(limits::NodeLimits::new(g));
+    let watchers = Arc::new(watchers::PresenceWatchers::default());
+    let roster = roster::Roster {
+        db: db.clone(),
+        redis: redis.clone(),
+        keys: keys.clone(),
+        max_users: g.presence_max_users,
+        seen_ttl_s: cfg.delivery.device_ttl_s,
+    };
+    let typing = Arc::new(typing::TypingRelay::new(
+        db.clone(),
+        redis.clone(),
+        keys.clone(),
+        g.typing_expiry_ms,
+        g.typing_max_members,
+    ));
     let drain = process.cancel().child_token();
     let sessions = Arc::new(SessionEnv {
         cfg: cfg.clone(),
@@ -157,6 +178,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         epoch: epoch.clone(),
         directory: directory.clone(),
         limits: limits.clone(),
+        roster: roster.clone(),
+        typing,
+        watchers: watchers.clone(),
         drain: drain.clone(),
     });
     let state = AppState(Arc::new(Gateway {
@@ -172,6 +196,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             Duration::from_secs(cfg.delivery.device_ttl_s),
         ),
         limits: limits.clone(),
+        roster,
         sessions,
         session_tasks: TaskTracker::new(),
     }));
@@ -184,7 +209,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.spawn_supervised("delivered_flusher", Criticality::Background, move |c| delivered_flusher.clone().run(c));
     let budget = budget::BudgetController::new(g, limits.backlog.clone(), limits.realtime.clone());
     process.spawn_supervised("backlog_budget", Criticality::Background, move |c| budget.clone().run(c));
-    let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone() };
+    let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone(), watchers };
     process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
     let check_policy = g.require_noeviction;
     let health =

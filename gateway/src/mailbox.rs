@@ -1,4 +1,5 @@
-//! A session's mailbox: the realtime pushes and control messages the node hands it.
+//! A session's mailbox: the realtime pushes, control messages and ephemeral frames
+//! (typing, presence) the node hands it.
 //!
 //! Its queues are allocated when something arrives and released when emptied, so an
 //! idle session holds none. The two tokio channels it replaced allocated a 32-slot block
@@ -23,6 +24,21 @@ pub struct Push {
     pub arrived: tokio::time::Instant,
 }
 
+/// What an ephemeral frame is: a session shows only the kinds it asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EphemeralKind {
+    Typing,
+    Presence,
+}
+
+/// A typing or presence frame, serialized once per node. Never stored: one that finds
+/// the session's queue full is dropped (counted), and nothing reads it again.
+#[derive(Debug, Clone)]
+pub struct Ephemeral {
+    pub kind: EphemeralKind,
+    pub frame: axum::extract::ws::Utf8Bytes,
+}
+
 /// Control messages to a session.
 #[derive(Debug)]
 pub enum Control {
@@ -45,12 +61,15 @@ pub struct Mailbox {
     queues: Mutex<Queues>,
     /// Pushes queued at most (`gateway.realtime_queue`).
     push_capacity: usize,
+    /// Ephemeral frames queued at most (`gateway.ephemeral_queue`).
+    ephemeral_capacity: usize,
 }
 
 #[derive(Debug, Default)]
 struct Queues {
     pushes: VecDeque<Push>,
     control: VecDeque<Control>,
+    ephemeral: VecDeque<Ephemeral>,
     /// A push was dropped because the queue was full, or the node lost some: the
     /// session reads its pending set again, where they still are.
     lagged: bool,
@@ -59,8 +78,20 @@ struct Queues {
 }
 
 impl Mailbox {
-    pub fn new(push_capacity: usize) -> Mailbox {
-        Mailbox { queues: Mutex::new(Queues::default()), push_capacity }
+    pub fn new(push_capacity: usize, ephemeral_capacity: usize) -> Mailbox {
+        Mailbox { queues: Mutex::new(Queues::default()), push_capacity, ephemeral_capacity }
+    }
+
+    /// Queues an ephemeral frame; false when the queue was full and it was dropped.
+    /// Nothing is marked: a lost typing or presence frame is not read again.
+    pub fn ephemeral(&self, e: Ephemeral) -> bool {
+        self.deliver(|q| {
+            if q.ephemeral.len() >= self.ephemeral_capacity {
+                return false;
+            }
+            q.ephemeral.push_back(e);
+            true
+        })
     }
 
     /// Queues a push; false when the queue was full: the session is marked lagged.
@@ -114,6 +145,11 @@ impl Mailbox {
         poll_fn(|cx| self.poll_with(cx, |q| take_front(&mut q.pushes)))
     }
 
+    /// The next ephemeral frame.
+    pub fn next_ephemeral(&self) -> impl Future<Output = Ephemeral> + '_ {
+        poll_fn(|cx| self.poll_with(cx, |q| take_front(&mut q.ephemeral)))
+    }
+
     /// Changes the queues under the lock, then wakes the session (outside the lock).
     fn deliver(&self, change: impl FnOnce(&mut Queues) -> bool) -> bool {
         let (changed, waker) = {
@@ -164,7 +200,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_drops_the_push_and_marks_the_session_lagged() {
-        let m = Mailbox::new(2);
+        let m = Mailbox::new(2, 1);
         assert!(m.push(push(1)) && m.push(push(2)));
         assert!(!m.take_lagged());
         assert!(!m.push(push(3)), "the third does not fit");
@@ -175,8 +211,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_full_ephemeral_queue_drops_the_frame_and_leaves_pushes_alone() {
+        let m = Mailbox::new(2, 1);
+        let typing = || Ephemeral { kind: EphemeralKind::Typing, frame: Utf8Bytes::from_static("{}") };
+        assert!(m.ephemeral(typing()));
+        assert!(!m.ephemeral(typing()), "the second does not fit");
+        assert!(!m.take_lagged(), "a dropped ephemeral frame is not read again");
+        assert!(m.push(push(1)), "pushes have their own queue");
+        assert_eq!(m.next_ephemeral().await.kind, EphemeralKind::Typing);
+        assert!(m.ephemeral(typing()), "room again");
+    }
+
+    #[tokio::test]
     async fn emptied_queues_hold_no_memory() {
-        let m = Mailbox::new(1_024);
+        let m = Mailbox::new(1_024, 8);
         for i in 0..100 {
             m.push(push(i));
         }
@@ -191,7 +239,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_session_is_woken_by_mail_and_by_a_lag() {
-        let m = Arc::new(Mailbox::new(8));
+        let m = Arc::new(Mailbox::new(8, 8));
         let waiting = tokio::spawn({
             let m = m.clone();
             async move { m.next_control().await }

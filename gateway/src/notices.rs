@@ -1,5 +1,7 @@
 //! The node channel: what workers tell this gateway (answers to sends and read
-//! receipts, deliveries, read positions, kicks of sessions replaced elsewhere).
+//! receipts, deliveries, read positions, kicks of sessions replaced elsewhere) and what
+//! other gateways tell it (typing indicators); and the cluster's presence channel
+//! (presence changes, shown to the sessions here that follow the user).
 
 use std::sync::Arc;
 
@@ -9,15 +11,17 @@ use herald_shared::keys::DeviceKey;
 use herald_shared::protocol::NodeEnvelope;
 use tokio_util::sync::CancellationToken;
 
-use crate::sessions::{Push, SessionRegistry};
+use crate::sessions::{Ephemeral, EphemeralKind, Push, SessionRegistry};
 use crate::waiters::SendWaiters;
+use crate::watchers::PresenceWatchers;
 
-/// Subscribes to this node's channel and dispatches what arrives. The subscription is
-/// made before the gateway accepts requests, so no answer can precede it.
+/// Subscribes to this node's channel and the presence channel, and dispatches what
+/// arrives. The subscriptions are made before the gateway accepts requests, so no
+/// answer can precede them.
 pub async fn subscribe(
     redis_url: &str,
     tls: &herald_shared::tls::ClientTls,
-    channel: String,
+    channels: Vec<String>,
 ) -> Result<SubscriberClient, Error> {
     let mut builder = herald_shared::redis::builder(redis_url, tls, std::time::Duration::from_secs(3))?;
     // fred's default (32 messages) overflows within one busy scheduling pause.
@@ -40,10 +44,12 @@ pub async fn subscribe(
         }
     });
     // Sharded in a cluster, as workers publish there (`publish_to_node`).
-    if client.is_clustered() {
-        client.ssubscribe(channel).await?;
-    } else {
-        client.subscribe(channel).await?;
+    for channel in channels {
+        if client.is_clustered() {
+            client.ssubscribe(channel).await?;
+        } else {
+            client.subscribe(channel).await?;
+        }
     }
     Ok(client)
 }
@@ -69,6 +75,7 @@ pub struct NodeChannel {
     pub client: SubscriberClient,
     pub waiters: Arc<SendWaiters>,
     pub sessions: Arc<SessionRegistry>,
+    pub watchers: Arc<PresenceWatchers>,
 }
 
 impl NodeChannel {
@@ -76,9 +83,9 @@ impl NodeChannel {
     /// outlives a restart (fred keeps it), so nothing is missed but what arrived while
     /// it was down, and sessions read their pending sets again for that.
     pub async fn run(self, cancel: CancellationToken) {
-        let NodeChannel { client, waiters, sessions } = self;
+        let NodeChannel { client, waiters, sessions, watchers } = self;
         sessions.reread_all();
-        listen(client, waiters, sessions, cancel).await
+        listen(client, waiters, sessions, watchers, cancel).await
     }
 }
 
@@ -86,6 +93,7 @@ async fn listen(
     client: SubscriberClient,
     waiters: Arc<SendWaiters>,
     sessions: Arc<SessionRegistry>,
+    watchers: Arc<PresenceWatchers>,
     cancel: CancellationToken,
 ) {
     let mut rx = client.message_rx();
@@ -151,6 +159,24 @@ async fn listen(
         }
         for k in env.kick {
             sessions.kick(&DeviceKey::new(k.tenant, k.user, k.device), &k.session);
+        }
+        for t in env.typing {
+            let frame = herald_shared::protocol::ServerFrame::from(t.frame).to_json();
+            let frame = axum::extract::ws::Utf8Bytes::from(frame);
+            for key in t.to {
+                sessions.push_ephemeral(&key, Ephemeral { kind: EphemeralKind::Typing, frame: frame.clone() });
+            }
+        }
+        for p in env.presence {
+            let followers = watchers.followers(&p.tenant, &p.state.user);
+            if followers.is_empty() {
+                continue;
+            }
+            let frame =
+                axum::extract::ws::Utf8Bytes::from(herald_shared::protocol::ServerFrame::from(p.state).to_json());
+            for key in followers {
+                sessions.push_ephemeral(&key, Ephemeral { kind: EphemeralKind::Presence, frame: frame.clone() });
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use herald_shared::protocol::{DeliveryStatus, ReadPosition};
 
 use crate::mailbox::Mailbox;
-pub use crate::mailbox::{Control, Push};
+pub use crate::mailbox::{Control, Ephemeral, EphemeralKind, Push};
 
 pub use herald_shared::keys::DeviceKey;
 
@@ -24,10 +24,10 @@ pub struct SessionRegistry {
 
 impl SessionRegistry {
     /// Registers a session, which reads its pushes and control messages from the
-    /// mailbox returned (at most `queue` pushes wait in it); an older local session of
-    /// the device is told it is replaced.
-    pub fn register(&self, key: DeviceKey, session: String, queue: usize) -> Arc<Mailbox> {
-        let mailbox = Arc::new(Mailbox::new(queue));
+    /// mailbox returned (at most `queue` pushes and `ephemeral` typing and presence
+    /// frames wait in it); an older local session of the device is told it is replaced.
+    pub fn register(&self, key: DeviceKey, session: String, queue: usize, ephemeral: usize) -> Arc<Mailbox> {
+        let mailbox = Arc::new(Mailbox::new(queue, ephemeral));
         let entry = Entry { session, mailbox: mailbox.clone() };
         if let Some(old) = self.sessions.lock().expect("sessions").insert(key, entry) {
             old.mailbox.control(Control::Replaced);
@@ -92,6 +92,15 @@ impl SessionRegistry {
         if let Some(e) = map.get(key) {
             e.mailbox.control(Control::Status(status.clone()));
         }
+    }
+
+    /// Hands a typing or presence frame to the device's session, if it is here. Never
+    /// waits: a full queue drops it (they are the first thing shed under load).
+    pub fn push_ephemeral(&self, key: &DeviceKey, e: Ephemeral) {
+        let map = self.sessions.lock().expect("sessions");
+        let Some(entry) = map.get(key) else { return };
+        let outcome = if entry.mailbox.ephemeral(e) { "queued" } else { "dropped_full" };
+        metrics::counter!("herald_ephemeral_total", "outcome" => outcome).increment(1);
     }
 
     /// Makes every session here read its pending set again: pushes published while the

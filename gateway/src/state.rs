@@ -13,6 +13,7 @@ use crate::devices::DeviceRegistry;
 use crate::history::History;
 use crate::ingress::Ingress;
 use crate::limits::NodeLimits;
+use crate::roster::Roster;
 use crate::session::SessionEnv;
 
 #[derive(Debug)]
@@ -24,6 +25,8 @@ pub struct Gateway {
     pub ingress: Ingress,
     pub devices: DeviceRegistry,
     pub limits: Arc<NodeLimits>,
+    /// Presence queries (`GET /v1/presence`).
+    pub roster: Roster,
     /// What each WebSocket session is given: shared, not copied per session.
     pub sessions: Arc<SessionEnv>,
     /// Every WebSocket task: axum does not track upgraded sockets, and a drain waits

@@ -120,6 +120,16 @@ impl Keys {
         format!("{}:{{{tenant}:{user}}}:presence", self.prefix)
     }
 
+    /// STRING: when the user's last device went offline (ms), kept `delivery.device_ttl_s`.
+    pub fn last_seen(&self, tenant: &str, user: &str) -> String {
+        format!("{}:{{{tenant}:{user}}}:seen", self.prefix)
+    }
+
+    /// The pub/sub channel every gateway listens on for presence changes.
+    pub fn presence_channel(&self) -> String {
+        format!("{}:presence", self.prefix)
+    }
+
     /// HASH device -> lowest id dropped when its pending set went over the cap: the
     /// device must be rebuilt from MySQL.
     pub fn overflow(&self, tenant: &str, user: &str) -> String {

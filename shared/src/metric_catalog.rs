@@ -74,6 +74,10 @@ pub const METRICS: &[Metric] = &[
     counter("herald_deliveries_total", "Messages written to devices, by kind (realtime, backlog)."),
     histogram("herald_delivery_seconds", "Time from commit to the device's ack, by kind (realtime, backlog)."),
     counter("herald_pushes_total", "Pushes from the node channel to sessions, by outcome (dropped ones included)."),
+    counter(
+        "herald_ephemeral_total",
+        "Typing and presence frames handed to sessions, by outcome (queued, dropped_full, or dropped_rate for typing frames over their limit, not_relayed for groups over gateway.typing_max_members).",
+    ),
     counter("herald_acks_total", "Message ids acknowledged by devices."),
     counter("herald_acks_dropped_total", "Leftover acks of ended sessions dropped because their queue was full."),
     counter(

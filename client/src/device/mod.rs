@@ -237,7 +237,15 @@ async fn open(
     let lost = SessionEnd::Closed { code: None, hints: Hints::default() };
     let protocols: &[&str] = if spec.offer_subprotocol { &[SUBPROTOCOL] } else { &[] };
     let query_token = (spec.token_in == TokenIn::Query).then_some(token);
-    let features: &[&str] = if spec.delivery_status { &["delivered"] } else { &[] };
+    let features: Vec<&str> = [
+        (spec.delivery_status, "delivered"),
+        (spec.typing_and_presence, "typing"),
+        (spec.typing_and_presence, "presence"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    let features = features.as_slice();
     let upgrade = Upgrade { query_token, protocols, local: spec.local_ip, tls: Some(&spec.tls), features };
     let Ok((mut ws, chosen)) = WsClient::open(base, &upgrade).await else { return Err(lost) };
     if spec.offer_subprotocol && chosen.as_deref() != Some(SUBPROTOCOL) {

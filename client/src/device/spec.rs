@@ -40,6 +40,10 @@ pub struct DeviceSpec {
     /// Ask for `delivered` frames (the delivery status of the user's own messages),
     /// which the observer then sees as frames.
     pub delivery_status: bool,
+    /// Ask for `typing` and `presence` frames (other members typing; the presence of
+    /// the users followed with a `presence_subscribe` frame), which the observer then
+    /// sees as frames.
+    pub typing_and_presence: bool,
     /// Keep what each conversation's screen shows ([`DeviceLog::screens`](super::DeviceLog::screens)):
     /// messages' text as edited or recalled, and a line per membership, title or role
     /// change. Off by default: the load-test's thousands of devices keep only ids.
@@ -80,6 +84,7 @@ impl DeviceSpec {
             token_in: TokenIn::Frame,
             offer_subprotocol: true,
             delivery_status: false,
+            typing_and_presence: false,
             keep_screen: false,
             gateways,
             first_gateway: 0,

@@ -2,7 +2,8 @@
 // counts, each timeline in seq order, sends shown pending until sent, delivered ticks
 // and read receipts on the user's own messages, timeline events (edited text with its
 // mark, recalled messages, a line per membership, title or role change; the user edits
-// and recalls its own messages and adds members), and a status line with the
+// and recalls its own messages and adds members), "X is typing…" under the timeline,
+// the people seen with an online dot (presence), and a status line with the
 // connection's state and reconnects. Everything Herald-specific goes through
 // @herald/client (imported from the package source).
 
@@ -54,6 +55,40 @@ let gatewayNow = "";
 let reconnects = 0;
 let everConnected = false;
 let token: () => Promise<string>;
+/** The other users seen (senders, readers, members added): their presence is followed. */
+const people = new Set<string>();
+
+/** Follows a user's presence from the first time it is seen. */
+function know(user: string): void {
+  if (!user || user === me || user.startsWith("service:") || people.has(user)) return;
+  people.add(user);
+  client.followPresence([...people]);
+  renderPeople();
+}
+
+function renderPeople(): void {
+  const ul = $("#people");
+  ul.replaceChildren(
+    ...[...people].sort().map((user) => {
+      const p = client.presenceOf(user);
+      const li = document.createElement("li");
+      li.dataset.user = user;
+      li.dataset.online = p?.online ? "1" : "0";
+      const seen = p && !p.online && p.lastSeen ? ` · last seen ${new Date(p.lastSeen).toLocaleTimeString()}` : "";
+      li.innerHTML = `<span class="dot"></span><span class="name"></span>`;
+      li.querySelector(".name")!.textContent = `${user}${seen}`;
+      return li;
+    }),
+  );
+}
+
+/** "bob is typing…" under the open conversation's timeline. */
+function renderTyping(): void {
+  const users = current ? client.whoIsTyping(current) : [];
+  const el = $("#typing");
+  el.dataset.typing = users.join(",");
+  el.textContent = users.length === 0 ? "" : `${users.join(", ")} ${users.length > 1 ? "are" : "is"} typing…`;
+}
 
 async function fetchToken(user: string, device: string): Promise<string> {
   const r = await fetch(`/demo/token?user=${encodeURIComponent(user)}&device=${encodeURIComponent(device)}`);
@@ -186,6 +221,7 @@ function open(id: string): void {
   document.querySelectorAll<HTMLInputElement | HTMLButtonElement>("#composer input, #composer button, #members input, #members button").forEach((el) => (el.disabled = false));
   renderConvs();
   renderTimeline();
+  renderTyping();
   markRead();
 }
 
@@ -193,6 +229,8 @@ function shown(m: WireMessage | Message): void {
   const c = conv(m.conv);
   if (c.shown.some((i) => i.id === m.id) || c.applied.has(m.id)) return; // the client drops repeats; history may overlap
   const e = m.event ?? undefined;
+  know(m.from);
+  if (e?.type === "member_added") e.users.forEach(know);
   if (e?.type === "edited" || e?.type === "recalled") {
     // Applied to the message it is about (when it is on this page), in seq order.
     c.applied.add(m.id);
@@ -241,7 +279,12 @@ async function signIn(user: string, device: string): Promise<void> {
     outboxStorage: new IndexedDbOutboxStorage(`herald-demo-${user}-${device}`),
     backoff: { baseMs: 250, maxMs: 5_000 },
     deliveryStatus: true,
+    typingAndPresence: true,
   });
+  client.on("typing", ({ conv: id }) => {
+    if (id === current) renderTyping();
+  });
+  client.on("presence", () => renderPeople());
   client.on("state", ({ state }) => {
     if (state === "connected") {
       if (everConnected) reconnects++;
@@ -256,6 +299,7 @@ async function signIn(user: string, device: string): Promise<void> {
   client.on("unread", () => renderConvs());
   client.on("read", ({ conv: id, user: who, seq }) => {
     if (who === me) return;
+    know(who);
     const c = conv(id);
     if (seq > (c.reads.get(who) ?? 0)) c.reads.set(who, seq);
     if (id === current) renderTimeline();
@@ -343,9 +387,17 @@ $("#members").onsubmit = async (e) => {
   await api((a) => a.changeMembers(current!, { add }), token).catch((err) => alert(String(err.message ?? err)));
 };
 
+// Typing: the client sends `started` at most every 3 s per conversation while keys
+// come, and `stopped` once the draft is sent or cleared.
+$("#composer").oninput = (e) => {
+  if (!current) return;
+  client.typing(current, (e.target as HTMLInputElement).value ? "started" : "stopped");
+};
+
 $("#composer").onsubmit = (e) => {
   e.preventDefault();
   if (!current) return;
+  client.typing(current, "stopped");
   const form = e.target as HTMLFormElement;
   const input = form.querySelector("input")!;
   const c = conv(current);

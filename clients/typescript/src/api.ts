@@ -147,6 +147,11 @@ export class HeraldApi {
     return this.call("GET", `/v1/sync${query({ after: o.after, limit: o.limit })}`);
   }
 
+  /** Whether the caller's contacts among `users` are online (at most 200); others are left out of the answer. */
+  presence(users: string[]): Promise<{ users: { user: string; online: boolean; last_seen: number | null }[] }> {
+    return this.call("GET", `/v1/presence${query({ users: users.join(",") })}`);
+  }
+
   /** Moves the caller's read position (never backwards). */
   read(conv: string, seq: number): Promise<{ conv: string; read_seq: number }> {
     return this.call("POST", `/v1/conversations/${encodeURIComponent(conv)}/read`, { seq });

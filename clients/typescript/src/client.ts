@@ -10,7 +10,8 @@ import { SeenIds } from "./dedup.js";
 import { Emitter } from "./events.js";
 import type { MessageId } from "./ids.js";
 import { Outbox, newCmid, type SendResult } from "./outbox.js";
-import { parseServerFrame, sessionUrl, SUBPROTOCOL, tokenExpiry, tokenUser, type ClientFrame, type ServerFrame, type WireMessage } from "./protocol.js";
+import { parseServerFrame, sessionUrl, SUBPROTOCOL, tokenExpiry, tokenUser, type ClientFrame, type ServerFrame, type TypingState, type WireMessage } from "./protocol.js";
+import { TypingIndicators, TypingSender, type Presence } from "./presence.js";
 import { onSessionEnd, type Hints } from "./reconnect.js";
 import { DeliveryStatuses, type MessageStatus } from "./status.js";
 import { Timelines } from "./timeline.js";
@@ -35,6 +36,11 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   private readonly timelines: Timelines;
   private readonly unreadCounts = new UnreadCounts((conv, unread) => this.emit("unread", { conv, unread }));
   private readonly statuses = new DeliveryStatuses((s) => this.emit("status", s));
+  private readonly typingNow = new TypingIndicators((conv, users) => this.emit("typing", { conv, users }));
+  private readonly typingSent = new TypingSender();
+  private readonly presences = new Map<string, Presence>();
+  /** The users followed: sent again in every session, which starts following no one. */
+  private followed: string[] = [];
   private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket" | "browser">> & { WebSocket: WebSocketFactory };
   private readonly unwatch: () => void;
   private hints: Hints = {};
@@ -105,6 +111,37 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     return this.statuses.statusOf(conv, seq);
   }
 
+  /** The other members typing in `conv` now (with `typingAndPresence`). */
+  whoIsTyping(conv: string): string[] {
+    return this.typingNow.typing(conv);
+  }
+
+  /** A followed user's presence as last told (with `typingAndPresence`), if known. */
+  presenceOf(user: string): Presence | undefined {
+    return this.presences.get(user);
+  }
+
+  /**
+   * Tells the conversation's other members the user is typing (`started`, on each
+   * keystroke: sent at most every 3 s per conversation) or stopped (the draft was sent
+   * or cleared). Dropped when not connected: typing is a hint, never queued.
+   */
+  typing(conv: string, state: TypingState = "started"): void {
+    if (this.stateNow !== "connected" || !this.typingSent.shouldSend(conv, state, Date.now())) return;
+    this.write({ t: "typing", conv, state });
+  }
+
+  /**
+   * Follows these users' presence (at most 200, the server's default bound), replacing
+   * the list followed; kept across reconnects. The `presence` event tells their state
+   * now, then each change. Needs `typingAndPresence`.
+   */
+  followPresence(users: string[]): void {
+    this.followed = [...new Set(users)];
+    for (const user of [...this.presences.keys()]) if (!this.followed.includes(user)) this.presences.delete(user);
+    if (this.stateNow === "connected") this.write({ t: "presence_subscribe", users: this.followed, ref: "presence" });
+  }
+
   /** Starts the unread counts from a conversation list (`HeraldApi.conversations()`). */
   seedUnread(items: Pick<ConversationItem, "id" | "last_seq" | "read_seq">[]): void {
     this.unreadCounts.seed(items);
@@ -171,7 +208,8 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.tokenNow = token;
     const urls = typeof this.o.url === "string" ? [this.o.url] : this.o.url;
     const url = urls[this.connections++ % urls.length];
-    const wsUrl = sessionUrl(url, this.o.tokenIn === "query" ? token : null, this.o.deliveryStatus ? ["delivered"] : []);
+    const features = [...(this.o.deliveryStatus ? ["delivered"] : []), ...(this.o.typingAndPresence ? ["typing", "presence"] : [])];
+    const wsUrl = sessionUrl(url, this.o.tokenIn === "query" ? token : null, features);
     const ws = this.o.offerSubprotocol ? new this.o.WebSocket(wsUrl, [SUBPROTOCOL]) : new this.o.WebSocket(wsUrl);
     this.ws = ws;
     this.hints = {};
@@ -199,6 +237,8 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.syncs.clear();
     this.outbox.sessionEnded();
     this.timelines.sessionEnded();
+    this.typingNow.clear();
+    this.typingSent.reset();
   }
 
   private sessionEnded(code: number | null): void {
@@ -251,6 +291,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
       }
       this.pump();
       this.fillGaps(now);
+      this.typingNow.expire(now);
       if (this.refreshAt !== null && now >= this.refreshAt) void this.refresh();
     }
   }
@@ -318,6 +359,9 @@ export class HeraldClient extends Emitter<HeraldEvents> {
         this.scheduleRefresh();
         if (this.acks.size > 0) this.ackTimer ??= setTimeout(() => this.flushAcks(), 0);
         this.pump();
+        if (this.o.typingAndPresence && this.followed.length > 0) {
+          this.write({ t: "presence_subscribe", users: this.followed, ref: "presence" });
+        }
         return;
       case "msg":
         return this.arrive(f, true);
@@ -350,6 +394,14 @@ export class HeraldClient extends Emitter<HeraldEvents> {
         return this.emit("read", { conv: f.conv, user: f.user, seq: f.seq });
       case "delivered":
         return this.statuses.delivered(f.conv, f.seq, f.count);
+      case "typing":
+        return this.typingNow.shown(f.conv, f.user, f.state, f.expires_in_ms, Date.now());
+      case "presence": {
+        if (!this.followed.includes(f.user)) return;
+        const p: Presence = { user: f.user, online: f.online, lastSeen: f.last_seen };
+        this.presences.set(f.user, p);
+        return this.emit("presence", p);
+      }
       case "caught_up":
         this.caughtUp = true;
         return this.emit("caught_up", { delivered: f.delivered });
@@ -393,6 +445,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
 
   private show(m: WireMessage): void {
     this.unreadCounts.message(m.conv, m.seq);
+    this.typingNow.stop(m.conv, m.from);
     if (m.from === this.me()) this.statuses.sent(m.conv, m.seq, m.id);
     const msg: Message = { ...m, ack: () => this.ack(m.id) };
     this.emit("message", msg);

@@ -3,6 +3,7 @@
 import type { BackoffOptions } from "./backoff.js";
 import type { BrowserEnv } from "./browser.js";
 import type { OutboxStorage, SendResult } from "./outbox.js";
+import type { Presence } from "./presence.js";
 import type { WireMessage } from "./protocol.js";
 import type { MessageStatus } from "./status.js";
 
@@ -52,6 +53,8 @@ export interface HeraldOptions {
   refreshBeforeMs?: number;
   /** Ask for `delivered` frames (the `status` event; default false: no ticks, no frames). */
   deliveryStatus?: boolean;
+  /** Ask for `typing` and `presence` frames (the `typing` and `presence` events; default false: none). */
+  typingAndPresence?: boolean;
 }
 
 /** The defaults of the options that have one. */
@@ -64,6 +67,7 @@ export const DEFAULTS = {
   dedupCapacity: 10_000,
   refreshBeforeMs: 60_000,
   deliveryStatus: false,
+  typingAndPresence: false,
 } satisfies Partial<HeraldOptions>;
 
 /** A message shown to the app, in seq order per conversation. */
@@ -91,6 +95,10 @@ export interface HeraldEvents {
   sent: SendResult & { cmid: string; conv: string };
   /** How far one of the user's own messages got changed (sent, delivered, read). */
   status: MessageStatus;
+  /** Who is typing in `conv` changed (with `typingAndPresence`). */
+  typing: { conv: string; users: string[] };
+  /** A followed user's presence, as the server told it (with `typingAndPresence`, see `followPresence`). */
+  presence: Presence;
   /** A server `error` not answered through a promise (acks, reads, refused refreshes, ...). */
   error: { code: string; message: string; ref?: string | null };
 }

@@ -84,7 +84,12 @@ export type ServerFrame =
   | { t: "error"; code: ErrorCode; message: string; ref?: string | null; retry_after_ms?: number }
   | { t: "reconnect"; after_ms: number }
   | { t: "refreshed"; exp: number; ref: string | null }
-  | { t: "delivered"; conv: string; seq: number; count: number; user?: string };
+  | { t: "delivered"; conv: string; seq: number; count: number; user?: string }
+  | { t: "typing"; conv: string; user: string; state: TypingState; expires_in_ms: number }
+  | { t: "presence"; user: string; online: boolean; last_seen: number | null };
+
+/** Whether a member started or stopped typing (docs/protocol.md section 4.12). */
+export type TypingState = "started" | "stopped";
 
 export type ClientFrame =
   | { t: "auth"; token: string; ref?: string }
@@ -93,7 +98,9 @@ export type ClientFrame =
   | { t: "ack"; ids: MessageId[] }
   | { t: "read"; conv: string; seq: number }
   | { t: "sync"; conv: string; after_seq?: number; limit?: number; ref?: string }
-  | { t: "ping"; ts?: number };
+  | { t: "ping"; ts?: number }
+  | { t: "typing"; conv: string; state?: TypingState; ref?: string }
+  | { t: "presence_subscribe"; users: string[]; ref?: string };
 
 const isNat = (v: unknown): v is number => typeof v === "number" && Number.isSafeInteger(v) && v >= 0;
 const isStr = (v: unknown): v is string => typeof v === "string";
@@ -173,6 +180,10 @@ export function parseServerFrame(text: string): ServerFrame | null {
         return isNat(f.exp);
       case "delivered":
         return isStr(f.conv) && isNat(f.seq) && isNat(f.count) && (f.user === undefined || isStr(f.user));
+      case "typing":
+        return isStr(f.conv) && isStr(f.user) && (f.state === "started" || f.state === "stopped") && isNat(f.expires_in_ms);
+      case "presence":
+        return isStr(f.user) && typeof f.online === "boolean" && isOptNat(f.last_seen);
       default:
         return false;
     }

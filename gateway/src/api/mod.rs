@@ -5,6 +5,7 @@ pub mod auth;
 pub mod conversations;
 pub mod history;
 pub mod messages;
+pub mod presence;
 pub mod push;
 pub mod server;
 pub mod timeline;
@@ -53,6 +54,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/conversations/{id}/messages", get(history::messages))
         .route("/v1/conversations/{id}/read", post(messages::read))
         .route("/v1/sync", get(history::sync))
+        .route("/v1/presence", get(presence::query))
         .route("/v1/server/messages", post(server::messages::send))
         .route("/v1/server/conversations", post(server::conversations::create))
         .route("/v1/server/conversations/{id}/members", post(server::conversations::change_members))

@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use crate::api::auth::token_of;
 use crate::limits::{ConnectionPermit, ConnectionRefused};
-use crate::session::Session;
+use crate::session::{Features, Session};
 use crate::state::AppState;
 
 /// The raw request parts, for reading the token ourselves.
@@ -80,10 +80,10 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     let tracker = state.session_tasks.clone();
     let peer = crate::listener::peer_of(&parts).map(|a| a.ip());
     let ip = crate::client_ip::client_ip(&g.trusted_proxies, peer, &parts.headers);
-    let status = wants_delivery_status(parts.uri.query());
+    let features = Features::of_query(parts.uri.query());
     let Some(token) = token_of(&parts) else {
         // The token comes as the first frame; nothing is charged until it is valid.
-        return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, status, socket)));
+        return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, features, socket)));
     };
     let admitted = match verify(&token, state.cfg.jwt_secret.0.as_bytes()) {
         Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
@@ -91,14 +91,14 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     };
     match admitted {
         Ok((claims, admitted)) => {
-            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, admitted, status, socket)))
+            ws.on_upgrade(move |socket| tracker.track_future(serve(state, ip, claims, admitted, features, socket)))
         }
         Err(refusal) => ws.on_upgrade(move |socket| tracker.track_future(refusal.tell(socket))),
     }
 }
 
 /// A session opened without a token: its first frame must be `auth` with a valid one.
-async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, status: bool, mut socket: WebSocket) {
+async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, features: Features, mut socket: WebSocket) {
     let deadline = Duration::from_millis(state.cfg.gateway.handshake_timeout_ms);
     let secret = state.cfg.jwt_secret.0.clone();
     let claims = match tokio::time::timeout(deadline, first_frame_token(&mut socket)).await {
@@ -111,7 +111,7 @@ async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, status: bo
         Err(reason) => Err(Refusal::unauthorized(reason)),
     };
     match admitted {
-        Ok((claims, admitted)) => serve(state, ip, claims, admitted, status, socket).await,
+        Ok((claims, admitted)) => serve(state, ip, claims, admitted, features, socket).await,
         Err(refusal) => refusal.tell(socket).await,
     }
 }
@@ -179,30 +179,16 @@ fn serve(
     ip: Option<IpAddr>,
     claims: Claims,
     admitted: Admitted,
-    delivery_status: bool,
+    features: Features,
     socket: WebSocket,
 ) -> impl Future<Output = ()> {
     let Admitted { permit, watermark } = admitted;
     // The client's address in every line the session logs.
     let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
     // The slot is held for the whole session and given back when it ends.
-    Session::run(state.sessions.clone(), claims, watermark, socket, delivery_status)
+    Session::run(state.sessions.clone(), claims, watermark, socket, features)
         .instrument(span)
         .map(move |()| drop(permit))
-}
-
-/// Whether the upgrade's query opts in to `delivered` frames: `features=delivered`
-/// (a comma-separated list; names this gateway does not know are ignored, so a client
-/// may ask for features of newer gateways). Opt-in, so clients that predate the frame
-/// never see it.
-fn wants_delivery_status(query: Option<&str>) -> bool {
-    let Some(query) = query else { return false };
-    query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .filter(|(k, _)| *k == "features")
-        .flat_map(|(_, v)| v.split([',', ' ']).flat_map(|f| f.split("%2C").flat_map(|f| f.split("%2c"))))
-        .any(|f| f == "delivered")
 }
 
 pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {
@@ -212,15 +198,18 @@ pub async fn close_now(mut socket: WebSocket, code: CloseCode, reason: String) {
 
 #[cfg(test)]
 mod tests {
+    use super::Features;
+
     #[test]
-    fn delivery_status_is_asked_for_by_the_features_list_only() {
-        let wants = super::wants_delivery_status;
-        assert!(wants(Some("features=delivered")));
-        assert!(wants(Some("access_token=x&features=typing,delivered")));
-        assert!(wants(Some("features=typing%2Cdelivered")));
-        assert!(!wants(None));
-        assert!(!wants(Some("access_token=x")));
-        assert!(!wants(Some("features=deliveredx")));
-        assert!(!wants(Some("delivered=1")));
+    fn features_are_asked_for_by_the_features_list_only() {
+        let of = Features::of_query;
+        assert!(of(Some("features=delivered")).delivered);
+        let f = of(Some("access_token=x&features=typing,delivered"));
+        assert_eq!(f, Features { delivered: true, typing: true, presence: false });
+        assert_eq!(of(Some("features=typing%2Cpresence")), Features { delivered: false, typing: true, presence: true });
+        assert_eq!(of(None), Features::default());
+        assert_eq!(of(Some("access_token=x")), Features::default());
+        assert_eq!(of(Some("features=deliveredx,typings")), Features::default());
+        assert_eq!(of(Some("delivered=1&typing=1")), Features::default());
     }
 }

@@ -51,7 +51,10 @@ where
             self.leave_acks();
         }
         self.report_watermark().await;
+        self.env.watchers.forget(&self.device, &self.id);
         let successor = directory.successor(&self.device, &self.id);
-        self.presence.give_up(self.env.redis.next(), successor.as_deref()).await;
+        if self.presence.give_up(self.env.redis.next(), successor.as_deref()).await {
+            self.env.roster.disconnected(&self.device.tenant, &self.device.user).await;
+        }
     }
 }

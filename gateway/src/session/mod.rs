@@ -13,6 +13,7 @@
 //! # Layout
 //! - [`backlog`]: the pager's state; [`inflight`]: the window, ack batching, heartbeat.
 //! - [`presence`]: where the device is connected, one session per device.
+//! - `ephemeral`: typing sent (limited, relayed) and typing and presence shown.
 //! - `closing`: the node's drain and the session's end; `delivery`: pushes, backlog
 //!   pages, acks; `upkeep`: the timer and what it does (heartbeat, epoch, watermark);
 //!   `requests`: send, sync and read; `reads`: read positions shown; `status`:
@@ -25,6 +26,7 @@
 mod backlog;
 mod closing;
 mod delivery;
+mod ephemeral;
 mod inflight;
 mod presence;
 mod reads;
@@ -64,9 +66,13 @@ use crate::ingress::Ingress;
 use crate::limits::NodeLimits;
 use crate::mailbox::Mailbox;
 use crate::recovery::{Recovery, RecoveryError};
+use crate::roster::Roster;
 use crate::sessions::{Control, SessionRegistry};
+use crate::typing::TypingRelay;
+use crate::watchers::PresenceWatchers;
 use crate::watermarks::Marks;
 use backlog::BacklogPager;
+use ephemeral::TypingLimit;
 use inflight::{AckBatch, Heartbeat, Inflight};
 use presence::Presence;
 use requests::Strikes;
@@ -89,8 +95,50 @@ pub struct SessionEnv {
     pub epoch: EpochWatch,
     pub directory: Arc<SessionRegistry>,
     pub limits: Arc<NodeLimits>,
+    /// Presence announced and read.
+    pub roster: Roster,
+    /// Typing indicators relayed.
+    pub typing: Arc<TypingRelay>,
+    /// Who follows whose presence here.
+    pub watchers: Arc<PresenceWatchers>,
     /// Cancelled when the node drains: sessions send `reconnect` and close.
     pub drain: CancellationToken,
+}
+
+/// The frames a session asked for at the upgrade (`features=`, docs/protocol.md
+/// section 3.1): a client that predates a frame never sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// `delivered`: the delivery status of the user's own messages.
+    pub delivered: bool,
+    /// `typing`: other members' typing indicators.
+    pub typing: bool,
+    /// `presence`: presence of the users it follows (`presence_subscribe`).
+    pub presence: bool,
+}
+
+impl Features {
+    /// The features an upgrade's query asks for: `features=` with a comma-separated
+    /// list; names this gateway does not know are ignored, so a client may ask for
+    /// features of newer gateways.
+    pub fn of_query(query: Option<&str>) -> Features {
+        let mut f = Features::default();
+        let Some(query) = query else { return f };
+        let names = query
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .filter(|(k, _)| *k == "features")
+            .flat_map(|(_, v)| v.split([',', ' ']).flat_map(|f| f.split("%2C").flat_map(|f| f.split("%2c"))));
+        for name in names {
+            match name {
+                "delivered" => f.delivered = true,
+                "typing" => f.typing = true,
+                "presence" => f.presence = true,
+                _ => {}
+            }
+        }
+        f
+    }
 }
 
 /// Why a session could not go on.
@@ -147,6 +195,10 @@ pub struct Session<S> {
     delivered: DeliveredMarks,
     /// Delivery status shown to this sender's device: only when it opted in.
     status: Option<Box<StatusThrottle>>,
+    /// What the device asked for at the upgrade.
+    features: Features,
+    /// Typing frames sent, per conversation (`gateway.typing_burst`).
+    typing_limit: TypingLimit,
     /// Sends, syncs and reads waiting for their answers; aborted with the session.
     requests: JoinSet<Option<ServerFrame>>,
     /// A write missed its deadline: the connection is given up.
@@ -170,19 +222,20 @@ where
     /// would stay in the session's future, a second copy beside the session they
     /// moved into.
     /// `watermark`: the device's, when its registration read or wrote it;
-    /// `delivery_status`: the device opted in to `delivered` frames.
+    /// `features`: the frames the device asked for.
     pub fn run(
         env: Arc<SessionEnv>,
         claims: Claims,
         watermark: Option<MsgId>,
         socket: S,
-        delivery_status: bool,
+        features: Features,
     ) -> impl Future<Output = ()> {
         let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
         let mut session = Session::new(env, claims, id, socket);
         session.registered_watermark = watermark;
-        if delivery_status {
+        session.features = features;
+        if features.delivered {
             let interval = Duration::from_millis(session.env.cfg.delivery.status_interval_ms);
             session.status = Some(Box::new(StatusThrottle::new(interval)));
         }
@@ -221,6 +274,8 @@ where
             unconfirmed_reads: Vec::new(),
             delivered: DeliveredMarks::default(),
             status: None,
+            features: Features::default(),
+            typing_limit: TypingLimit::new(g.typing_burst, ms(g.typing_window_ms)),
             requests: JoinSet::new(),
             stalled: false,
             expires: token::expiry(claims.exp),
@@ -243,7 +298,10 @@ where
     fn serve(mut self) -> impl Future<Output = ()> {
         async move {
             let directory = self.env.directory.clone();
-            let mailbox = directory.register(self.device.clone(), self.id.clone(), self.env.cfg.gateway.realtime_queue);
+            let mailbox = {
+                let g = &self.env.cfg.gateway;
+                directory.register(self.device.clone(), self.id.clone(), g.realtime_queue, g.ephemeral_queue)
+            };
             let end = match Box::pin(self.start()).await {
                 Ok(()) => self.event_loop(&mailbox).await,
                 Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
@@ -285,6 +343,9 @@ where
                 // Inline: a write and its deadline, small; pushes are the hot path.
                 push = mailbox.next_push(), if self.inflight.has_room() => self.on_push(push).await,
                 msg = self.socket.next() => Box::pin(self.on_socket(msg)).await,
+                // After pushes and the device's own frames: typing and presence wait,
+                // and are dropped when their queue fills (gateway.ephemeral_queue).
+                e = mailbox.next_ephemeral() => Box::pin(self.on_ephemeral(e)).await,
                 Ok(()) = epochs.changed() => Box::pin(self.check_epoch()).await,
             };
             if let ControlFlow::Break(end) = flow {
@@ -355,6 +416,8 @@ where
             ClientFrame::Sync(s) => self.on_sync(s).await,
             ClientFrame::Read(r) => self.on_read(r).await,
             ClientFrame::Refresh(f) => self.on_refresh(f).await,
+            ClientFrame::Typing(t) => self.on_typing(t).await,
+            ClientFrame::PresenceSubscribe(p) => self.on_presence_subscribe(p).await,
             ClientFrame::Auth(f) => {
                 let why = "auth must be the first frame, and only without a token at the upgrade";
                 self.protocol_error(f.reference, why).await

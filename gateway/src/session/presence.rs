@@ -31,12 +31,13 @@ impl Presence {
     }
 
     /// Takes the device's presence. A session it replaces on another node is told to
-    /// close (4002); one on this node was told when this session registered.
-    pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<(), Error> {
+    /// close (4002); one on this node was told when this session registered. True when
+    /// the device was not connected (it replaced no session).
+    pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<bool, Error> {
         let old: Option<String> = scripts::PRESENCE_SET.call(redis, vec![self.key.clone()], self.args()).await?;
-        let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(()) };
+        let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(true) };
         if old.node == self.value.node {
-            return Ok(());
+            return Ok(false);
         }
         let kick = NodeEnvelope {
             kick: vec![Kick {
@@ -49,7 +50,7 @@ impl Presence {
         };
         let kick = serde_json::to_string(&kick).expect("serializes");
         herald_shared::redis::publish_to_node(redis, keys.node_channel(&old.node), kick).await?;
-        Ok(())
+        Ok(false)
     }
 
     /// Refreshes the entry's TTL, setting it again if it vanished (Redis lost its data,
@@ -60,12 +61,14 @@ impl Presence {
     }
 
     /// Gives the entry up if it is still this session's: to `successor`, the device's
-    /// newer session on this node, when there is one; else it is cleared.
-    pub async fn give_up(&self, redis: &Client, successor: Option<&str>) {
+    /// newer session on this node, when there is one; else it is cleared. True when it
+    /// was cleared (the device is offline now).
+    pub async fn give_up(&self, redis: &Client, successor: Option<&str>) -> bool {
         let mut args = vec![self.device.device.clone(), self.value.to_string()];
         if let Some(session) = successor {
             args.push(PresenceValue::new(self.value.node.as_str(), session).to_string());
         }
-        let _: Result<i64, _> = scripts::PRESENCE_CLEAR.call(redis, vec![self.key.clone()], args).await;
+        let given: Result<i64, _> = scripts::PRESENCE_CLEAR.call(redis, vec![self.key.clone()], args).await;
+        successor.is_none() && matches!(given, Ok(1))
     }
 }

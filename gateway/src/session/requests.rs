@@ -111,7 +111,7 @@ where
 
     /// `sync` and `read` take from the device's request bucket like sends: each costs a
     /// MySQL read or a stream entry.
-    async fn limit_request(&mut self, what: &'static str, reference: Option<String>) -> Option<Flow> {
+    pub(super) async fn limit_request(&mut self, what: &'static str, reference: Option<String>) -> Option<Flow> {
         let wait = crate::limits::take(&self.send_bucket, 1).err()?;
         metrics::counter!("herald_rate_limited_total", "what" => what).increment(1);
         let f = ErrorFrame::new(ErrorCode::RateLimited, format!("too many {what} requests; retry later"))

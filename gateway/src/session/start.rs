@@ -34,11 +34,14 @@ where
 {
     pub(super) async fn start(&mut self) -> Result<(), SessionError> {
         let redis = self.env.redis.next().clone();
-        self.presence.claim(&redis, &self.env.keys).await?;
+        let new_device = self.presence.claim(&redis, &self.env.keys).await?;
         // Replaced here while claiming (the newer session's claim can reach Redis first):
         // the presence goes to the newer one, which a kick from another node must find.
         if let Some(newer) = self.env.directory.successor(&self.device, &self.id) {
             self.presence.give_up(&redis, Some(&newer)).await;
+        } else if new_device {
+            // Its user's followers hear it came online when this is its only device.
+            self.env.roster.connected(&self.device.tenant, &self.device.user).await;
         }
         // The device registry in Redis (MySQL's devices table stays the truth).
         let devices = self.env.keys.devices(&self.device.tenant, &self.device.user);

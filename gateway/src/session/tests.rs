@@ -116,7 +116,18 @@ async fn fixture(device: &str) -> Fixture {
     let (marks, _flusher) = crate::watermarks::channel(db.clone());
     let (leftover_acks, _retrier) = crate::acks::channel(pool.clone());
     let (delivered, _delivered_flusher) = crate::delivered::channel(pool.clone(), keys.clone(), 8);
+    let roster = crate::roster::Roster {
+        db: db.clone(),
+        redis: pool.clone(),
+        keys: keys.clone(),
+        max_users: 10,
+        seen_ttl_s: 60,
+    };
+    let typing = Arc::new(crate::typing::TypingRelay::new(db.clone(), pool.clone(), keys.clone(), 6_000, 100));
     let env = Arc::new(SessionEnv {
+        roster,
+        typing,
+        watchers: Arc::default(),
         redis: pool.clone(),
         keys: keys.clone(),
         history: History {
@@ -187,7 +198,7 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
     let ids: Vec<u64> = (0..7).map(|k| (1u64 << 62) + k).collect();
     fill(&f, "d1", &ids).await;
     let (socket, mut peer) = socket_pair();
-    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket, false));
+    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket, super::Features::default()));
 
     let Ok(ServerFrame::Hello(hello)) = peer.next().await else { panic!("hello first") };
     assert_eq!((hello.pending, hello.hb_ms), (7, 25_000));
@@ -229,7 +240,7 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
 
     // A newer session of the same device replaces this one: 4002.
     let (socket2, mut peer2) = socket_pair();
-    let newer = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket2, false));
+    let newer = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket2, super::Features::default()));
     assert_eq!(peer.next().await.unwrap_err(), Some(4002));
     session.await.unwrap();
     assert!(matches!(peer2.next().await, Ok(ServerFrame::Hello(_))));

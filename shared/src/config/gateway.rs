@@ -49,6 +49,24 @@ section! {
         pub backlog_page_mobile: usize = "50",
         /// Realtime deliveries queued per session before it re-reads its pending set instead.
         pub realtime_queue: usize = "1024",
+        /// Typing and presence frames queued per session; more are dropped (they go first under load).
+        ///
+        /// Realtime messages have their own queue (`gateway.realtime_queue`) and are
+        /// written first, so these never delay them.
+        pub ephemeral_queue: usize = "64",
+        /// Typing frames one session may send per conversation within `gateway.typing_window_ms`.
+        ///
+        /// More are dropped without an answer: a typing indicator is a hint, and a client
+        /// that sends one per keystroke is not misbehaving enough to be told off.
+        pub typing_burst: u32 = "4",
+        /// The window of `gateway.typing_burst`.
+        pub typing_window_ms: u64 = "5000",
+        /// How long a client shows a typing indicator that is not renewed (`expires_in_ms`).
+        pub typing_expiry_ms: u64 = "6000",
+        /// Conversations with more members get no typing indicators (the fan-out's bound).
+        pub typing_max_members: usize = "100",
+        /// Most users in one presence query (`GET /v1/presence`) or one session's `presence_subscribe`.
+        pub presence_max_users: usize = "200",
         /// How long a draining gateway spreads `reconnect` hints and waits for sessions.
         pub drain_ms: u64 = "10000",
         /// How far a device's watermark stays behind now (30 minutes).
@@ -249,12 +267,23 @@ impl GatewayConfig {
             ("gateway.tenant_send_burst", self.tenant_send_burst),
             ("gateway.db_pool_size", self.db_pool_size),
             ("gateway.start_db_reads", self.start_db_reads),
+            ("gateway.typing_burst", self.typing_burst),
         ] {
             if v == 0 {
                 bad.push(key, "must be positive");
             }
         }
         self.validate_backlog_budget(bad);
+        for (key, v) in [
+            ("gateway.ephemeral_queue", self.ephemeral_queue as u64),
+            ("gateway.typing_window_ms", self.typing_window_ms),
+            ("gateway.typing_expiry_ms", self.typing_expiry_ms),
+            ("gateway.presence_max_users", self.presence_max_users as u64),
+        ] {
+            if v == 0 {
+                bad.push(key, "must be positive");
+            }
+        }
         if self.max_connections_per_user == 0 {
             bad.push("gateway.max_connections_per_user", "must be positive");
         }

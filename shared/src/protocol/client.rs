@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::ephemeral::TypingState;
 use crate::ids::MsgId;
 
 /// A client frame, parsed in two steps: `t` first, then the fields of that type (an
@@ -22,6 +23,10 @@ pub enum ClientFrame {
     Auth(TokenFrame),
     /// A new token for the same device, extending the session.
     Refresh(TokenFrame),
+    /// The user is typing in a conversation (relayed, never stored).
+    Typing(TypingFrame),
+    /// The users whose presence this session follows (replacing the previous list).
+    PresenceSubscribe(PresenceSubscribeFrame),
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -67,6 +72,26 @@ pub struct TokenFrame {
     pub reference: Option<String>,
 }
 
+/// `typing`: the user started (the default) or stopped typing in `conv`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TypingFrame {
+    pub conv: String,
+    #[serde(default)]
+    pub state: TypingState,
+    /// Echoed in an `error` when the frame is refused.
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
+/// `presence_subscribe`: follow these users' presence (at most
+/// `gateway.presence_max_users`); an empty list follows no one.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct PresenceSubscribeFrame {
+    pub users: Vec<String>,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
 /// Why a client frame was refused; `reference` is its `cmid`/`ref` when readable.
 #[derive(Debug)]
 pub struct FrameError {
@@ -85,6 +110,8 @@ impl ClientFrame {
             ClientFrame::Ping(_) => "ping",
             ClientFrame::Auth(_) => "auth",
             ClientFrame::Refresh(_) => "refresh",
+            ClientFrame::Typing(_) => "typing",
+            ClientFrame::PresenceSubscribe(_) => "presence_subscribe",
         }
     }
 
@@ -121,6 +148,8 @@ impl ClientFrame {
             Some("ping") => serde_json::from_str(text).map(ClientFrame::Ping).map_err(fail),
             Some("auth") => serde_json::from_str(text).map(ClientFrame::Auth).map_err(fail),
             Some("refresh") => serde_json::from_str(text).map(ClientFrame::Refresh).map_err(fail),
+            Some("typing") => serde_json::from_str(text).map(ClientFrame::Typing).map_err(fail),
+            Some("presence_subscribe") => serde_json::from_str(text).map(ClientFrame::PresenceSubscribe).map_err(fail),
             Some(other) => Err(FrameError { message: format!("unknown frame type {other:?}"), reference }),
             None => Err(FrameError { message: "frame has no type (t)".into(), reference }),
         }
@@ -146,6 +175,11 @@ mod frame_tests {
         let e = ClientFrame::parse(r#"{"t":"refresh","ref":"r9"}"#).unwrap_err();
         assert_eq!(e.reference.as_deref(), Some("r9"), "a refresh without a token keeps its ref");
         assert!(ClientFrame::parse(r#"{"t":"dance"}"#).unwrap_err().message.contains("unknown frame type"));
+        let Ok(ClientFrame::Typing(t)) = ClientFrame::parse(r#"{"t":"typing","conv":"c"}"#) else { panic!() };
+        assert_eq!(t.state, TypingState::Started, "started by default");
+        assert!(ClientFrame::parse(r#"{"t":"typing","conv":"c","state":"dancing"}"#).is_err());
+        let e = ClientFrame::parse(r#"{"t":"presence_subscribe","users":"bob","ref":"p1"}"#).unwrap_err();
+        assert_eq!(e.reference.as_deref(), Some("p1"), "users is a list");
         assert!(ClientFrame::parse("{nope").is_err());
         assert!(ClientFrame::parse("[]").is_err());
     }
@@ -174,6 +208,11 @@ mod frame_tests {
             ClientFrame::Ping(PingFrame { ts: None }),
             ClientFrame::Auth(TokenFrame { token: "a.b.c".into(), reference: None }),
             ClientFrame::Refresh(TokenFrame { token: "a.b.c".into(), reference: Some("r1".into()) }),
+            ClientFrame::Typing(TypingFrame { conv: "c".into(), state: TypingState::Stopped, reference: None }),
+            ClientFrame::PresenceSubscribe(PresenceSubscribeFrame {
+                users: vec!["bob".into()],
+                reference: Some("p".into()),
+            }),
         ];
         for f in frames {
             let text = f.to_json();

@@ -5,11 +5,13 @@
 //!   kept for errors.
 //! - [`close`]: the WebSocket close codes.
 //! - [`node`]: ingress stream entries and node-channel envelopes (internal).
+//! - [`ephemeral`]: typing and presence frames, never stored.
 //! - [`timeline`]: timeline events (membership, title, roles, recalls, edits) and the
 //!   changes that make them.
 
 pub mod client;
 pub mod close;
+pub mod ephemeral;
 pub mod node;
 pub mod schema;
 pub mod server;
@@ -24,11 +26,15 @@ use serde_json::value::RawValue;
 
 use crate::ids::MsgId;
 
-pub use client::{AckFrame, ClientFrame, FrameError, PingFrame, ReadFrame, SendFrame, SyncFrame, TokenFrame};
+pub use client::{
+    AckFrame, ClientFrame, FrameError, PingFrame, PresenceSubscribeFrame, ReadFrame, SendFrame, SyncFrame, TokenFrame,
+    TypingFrame,
+};
 pub use close::CloseCode;
+pub use ephemeral::{PresenceState, TypingShown, TypingState};
 pub use node::{
-    read_field, DeliveredEntry, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, ReadEntry, ReadPush,
-    SendNotice, SendOutcome, StatusPush,
+    read_field, DeliveredEntry, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, PresenceChange,
+    ReadEntry, ReadPush, SendNotice, SendOutcome, StatusPush, TypingPush,
 };
 pub use server::{
     CaughtUp, DeliveryStatus, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Refreshed, Sent,

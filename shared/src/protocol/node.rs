@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::ephemeral::{PresenceState, TypingShown};
 use super::server::DeliveryStatus;
 use super::timeline::TimelineEntry;
 use super::SendResult;
@@ -253,6 +254,22 @@ pub struct StatusPush {
     pub to: Vec<DeviceKey>,
 }
 
+/// A typing indicator relayed to a set of devices on one node by the gateway that got
+/// it (never stored; sessions that did not ask for `typing` drop it).
+#[derive(Debug, Serialize, Deserialize, Clone)]
+pub struct TypingPush {
+    pub frame: TypingShown,
+    pub to: Vec<DeviceKey>,
+}
+
+/// A user came online or went offline, announced on the cluster's presence channel to
+/// every gateway; each shows it to its sessions that follow the user.
+#[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
+pub struct PresenceChange {
+    pub tenant: String,
+    pub state: PresenceState,
+}
+
 /// One message pushed to a set of devices on one node.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Delivery {
@@ -276,6 +293,12 @@ pub struct NodeEnvelope {
     /// Absent from workers older than delivery status; ignored by older gateways.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub status: Vec<StatusPush>,
+    /// Typing indicators, from gateways; ignored by gateways older than them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub typing: Vec<TypingPush>,
+    /// Presence changes, on the presence channel only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub presence: Vec<PresenceChange>,
 }
 
 /// Tells a node to close a session replaced elsewhere (close code 4002).

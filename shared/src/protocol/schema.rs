@@ -93,11 +93,15 @@ mod tests {
                 .collect()
         };
         let server = tags("ServerFrame");
-        assert_eq!(server.len(), 11, "{server:?}");
+        assert_eq!(server.len(), 13, "{server:?}");
         assert!(server.contains(&"caught_up".to_owned()));
-        assert_eq!(tags("ClientFrame"), ["send", "ack", "read", "sync", "ping", "auth", "refresh"]);
+        assert_eq!(
+            tags("ClientFrame"),
+            ["send", "ack", "read", "sync", "ping", "auth", "refresh", "typing", "presence_subscribe"]
+        );
         assert_eq!(s["$defs"]["MsgId"]["type"], "string");
         let required = |name: &str| s["$defs"][name]["required"].as_array().unwrap().clone();
+        assert!(required("PresenceState").contains(&json!("last_seen")), "last_seen is always sent (null)");
         assert!(required("History").contains(&json!("ref")), "history's ref is always sent (null)");
         assert!(!required("History").contains(&json!("joined_seq")));
         assert!(!required("ErrorFrame").contains(&json!("ref")));

@@ -5,6 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::ephemeral::{PresenceState, TypingShown};
 use super::{Message, SendResult};
 use crate::error::ErrorCode;
 use crate::ids::MsgId;
@@ -24,6 +25,8 @@ pub enum ServerFrame {
     Reconnect(Reconnect),
     Refreshed(Refreshed),
     Delivered(DeliveryStatus),
+    Typing(TypingShown),
+    Presence(PresenceState),
 }
 
 /// The first frame of a session.
@@ -173,6 +176,8 @@ impl ServerFrame {
             ServerFrame::Reconnect(_) => Reconnect::T,
             ServerFrame::Refreshed(_) => Refreshed::T,
             ServerFrame::Delivered(_) => DeliveryStatus::T,
+            ServerFrame::Typing(_) => TypingShown::T,
+            ServerFrame::Presence(_) => PresenceState::T,
         }
     }
 
@@ -209,6 +214,8 @@ impl ServerFrame {
             Reconnect::T => read(text, t, ServerFrame::Reconnect),
             Refreshed::T => read(text, t, ServerFrame::Refreshed),
             DeliveryStatus::T => read(text, t, ServerFrame::Delivered),
+            TypingShown::T => read(text, t, ServerFrame::Typing),
+            PresenceState::T => read(text, t, ServerFrame::Presence),
             other => Err(ServerFrameError::Unknown(other.to_owned())),
         }
     }
@@ -256,11 +263,14 @@ frame_kind! {
     Reconnect => Reconnect, "reconnect";
     Refreshed => Refreshed, "refreshed";
     DeliveryStatus => Delivered, "delivered";
+    TypingShown => Typing, "typing";
+    PresenceState => Presence, "presence";
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::TypingState;
     use serde_json::value::RawValue;
 
     fn message(id: u64, seq: u64) -> Message {
@@ -311,6 +321,10 @@ mod tests {
             Refreshed { exp: 1_900_000_000, reference: Some("r1".into()) }.into(),
             DeliveryStatus { conv: "ab".into(), seq: 4, count: 1, user: Some("bob".into()) }.into(),
             DeliveryStatus { conv: "g".into(), seq: 9, count: 12, user: None }.into(),
+            TypingShown { conv: "g".into(), user: "bob".into(), state: TypingState::Started, expires_in_ms: 6_000 }
+                .into(),
+            PresenceState { user: "bob".into(), online: false, last_seen: Some(1_700_000_000_000) }.into(),
+            PresenceState { user: "carol".into(), online: true, last_seen: None }.into(),
         ]
     }
 
@@ -318,7 +332,7 @@ mod tests {
     fn every_server_frame_round_trips() {
         let frames = every_frame();
         let kinds: std::collections::BTreeSet<&str> = frames.iter().map(ServerFrame::kind).collect();
-        assert_eq!(kinds.len(), 11, "every frame type is covered: {kinds:?}");
+        assert_eq!(kinds.len(), 13, "every frame type is covered: {kinds:?}");
         for f in frames {
             let text = f.to_json();
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -348,7 +362,7 @@ mod tests {
     #[test]
     fn unknown_and_malformed_frames_are_told_apart() {
         assert!(
-            matches!(ServerFrame::parse(r#"{"t":"typing","conv":"c"}"#), Err(ServerFrameError::Unknown(t)) if t == "typing")
+            matches!(ServerFrame::parse(r#"{"t":"huddle","conv":"c"}"#), Err(ServerFrameError::Unknown(t)) if t == "huddle")
         );
         assert!(matches!(ServerFrame::parse(r#"{"t":5}"#), Err(ServerFrameError::Malformed(_))));
         assert!(matches!(ServerFrame::parse(r#"{"t":"hello"}"#), Err(ServerFrameError::Invalid { .. })));

@@ -353,3 +353,78 @@ describe("delivery status", () => {
     expect(c.statusOf("g", 1)).toMatchObject({ delivered: 3, read: 1 });
   });
 });
+
+describe("typing and presence", () => {
+  it("are asked for only with typingAndPresence", async () => {
+    const { c } = client();
+    const ws = await connected(c);
+    expect(ws.url).toBe("wss://chat.example.com/v1/ws");
+    const { c: c2 } = client({ typingAndPresence: true, deliveryStatus: true });
+    const ws2 = await connected(c2);
+    expect(ws2.url).toBe("wss://chat.example.com/v1/ws?features=delivered,typing,presence");
+  });
+
+  it("sends typing at most every 3 s per conversation, and stopped once after it", async () => {
+    const { c } = client({ typingAndPresence: true });
+    const ws = await connected(c);
+    c.typing("g");
+    c.typing("g");
+    c.typing("h");
+    expect(ws.of("typing")).toEqual([
+      { t: "typing", conv: "g", state: "started" },
+      { t: "typing", conv: "h", state: "started" },
+    ]);
+    await vi.advanceTimersByTimeAsync(3_000);
+    c.typing("g");
+    c.typing("g", "stopped");
+    c.typing("g", "stopped");
+    expect(ws.of("typing").slice(2)).toEqual([
+      { t: "typing", conv: "g", state: "started" },
+      { t: "typing", conv: "g", state: "stopped" },
+    ]);
+  });
+
+  it("shows who is typing until stopped, expired, or their message arrives", async () => {
+    const { c } = client({ typingAndPresence: true });
+    const seen: string[] = [];
+    c.on("typing", (t) => seen.push(`${t.conv}:${t.users.join(",")}`));
+    const ws = await connected(c);
+    ws.frame({ t: "typing", conv: "c", user: "bob", state: "started", expires_in_ms: 6_000 });
+    ws.frame({ t: "typing", conv: "c", user: "carol", state: "started", expires_in_ms: 1_000 });
+    expect(c.whoIsTyping("c")).toEqual(["bob", "carol"]);
+    await vi.advanceTimersByTimeAsync(1_500);
+    expect(c.whoIsTyping("c")).toEqual(["bob"]);
+    ws.frame(msg(1));
+    expect(c.whoIsTyping("c")).toEqual([]);
+    ws.frame({ t: "typing", conv: "c", user: "bob", state: "started", expires_in_ms: 6_000 });
+    ws.frame({ t: "typing", conv: "c", user: "bob", state: "stopped", expires_in_ms: 6_000 });
+    expect(seen).toEqual(["c:bob", "c:bob,carol", "c:bob", "c:", "c:bob", "c:"]);
+    ws.frame({ t: "typing", conv: "c", user: "bob", state: "started", expires_in_ms: 6_000 });
+    ws.serverClose(1006);
+    expect(c.whoIsTyping("c")).toEqual([]);
+  });
+
+  it("follows presence across reconnects", async () => {
+    const { c } = client({ typingAndPresence: true });
+    const seen: string[] = [];
+    c.on("presence", (p) => seen.push(`${p.user}:${p.online}:${p.lastSeen}`));
+    c.followPresence(["bob", "bob", "carol"]);
+    let ws = await connected(c);
+    expect(ws.of("presence_subscribe")).toEqual([{ t: "presence_subscribe", users: ["bob", "carol"], ref: "presence" }]);
+    ws.frame({ t: "presence", user: "bob", online: true, last_seen: null });
+    ws.frame({ t: "presence", user: "dave", online: true, last_seen: null });
+    expect(c.presenceOf("bob")).toEqual({ user: "bob", online: true, lastSeen: null });
+    expect(c.presenceOf("dave")).toBeUndefined();
+    ws.serverClose(1006);
+    await vi.advanceTimersByTimeAsync(60_000);
+    ws = last();
+    ws.open();
+    ws.frame({ t: "hello", session: "gw-1-2", hb_ms: 10_000, pending: 0 });
+    expect(ws.of("presence_subscribe")).toHaveLength(1);
+    ws.frame({ t: "presence", user: "bob", online: false, last_seen: 5 });
+    expect(seen).toEqual(["bob:true:null", "bob:false:5"]);
+    c.followPresence([]);
+    expect(ws.of("presence_subscribe")[1]).toEqual({ t: "presence_subscribe", users: [], ref: "presence" });
+    expect(c.presenceOf("bob")).toBeUndefined();
+  });
+});
