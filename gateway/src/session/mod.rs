@@ -295,6 +295,7 @@ where
     /// calls nested deep: 13 KiB when they were inline) exist only while they run. An
     /// `async` block, not an `async fn`: the function's argument would be moved into a
     /// local of its own, and its future would keep both (the session twice, 1.5 KiB).
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
     fn serve(mut self) -> impl Future<Output = ()> {
         async move {
             let directory = self.env.directory.clone();
