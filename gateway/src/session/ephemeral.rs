@@ -69,7 +69,11 @@ where
             self.send_frame(f).await;
             return ControlFlow::Continue(());
         }
-        if !self.typing_limit.allow(&t.conv, Instant::now()) {
+        let g = &self.env.cfg.gateway;
+        let limit = self.typing_limit.get_or_insert_with(|| {
+            Box::new(TypingLimit::new(g.typing_burst, Duration::from_millis(g.typing_window_ms)))
+        });
+        if !limit.allow(&t.conv, Instant::now()) {
             metrics::counter!("herald_ephemeral_total", "outcome" => "dropped_rate").increment(1);
             return ControlFlow::Continue(());
         }

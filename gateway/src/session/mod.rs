@@ -167,6 +167,12 @@ enum End {
 /// What a handler tells the loop: go on, or end the session.
 type Flow = ControlFlow<End>;
 
+/// One device's session. An idle session's memory is mostly its task: this struct
+/// (1.6 KiB with its WebSocket) inside the loop's resting future, which axum's upgrade
+/// and tokio's task wrap, about 3.9 KiB in all; the allocator rounds that up to its next
+/// size class, so a field or an inline handler that takes the task past 4 KiB costs every
+/// idle session a whole KiB (docs/benchmarks.md, idle session memory). What only some
+/// sessions use is boxed and made on demand.
 pub struct Session<S> {
     env: Arc<SessionEnv>,
     claims: Claims,
@@ -197,8 +203,9 @@ pub struct Session<S> {
     status: Option<Box<StatusThrottle>>,
     /// What the device asked for at the upgrade.
     features: Features,
-    /// Typing frames sent, per conversation (`gateway.typing_burst`).
-    typing_limit: TypingLimit,
+    /// Typing frames sent, per conversation (`gateway.typing_burst`): made at the
+    /// device's first typing frame, so sessions that never send one do not carry it.
+    typing_limit: Option<Box<TypingLimit>>,
     /// Sends, syncs and reads waiting for their answers; aborted with the session.
     requests: JoinSet<Option<ServerFrame>>,
     /// A write missed its deadline: the connection is given up.
@@ -275,7 +282,7 @@ where
             delivered: DeliveredMarks::default(),
             status: None,
             features: Features::default(),
-            typing_limit: TypingLimit::new(g.typing_burst, ms(g.typing_window_ms)),
+            typing_limit: None,
             requests: JoinSet::new(),
             stalled: false,
             expires: token::expiry(claims.exp),
@@ -341,8 +348,9 @@ where
                 c = mailbox.next_control() => Box::pin(self.on_control(c)).await,
                 () = mailbox.lagged() => ControlFlow::Continue(()),
                 Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => Box::pin(self.on_answer(answer)).await,
-                // Inline: a write and its deadline, small; pushes are the hot path.
-                push = mailbox.next_push(), if self.inflight.has_room() => self.on_push(push).await,
+                // Boxed too: inline, its write and deadline would add 160 bytes to the
+                // resting state (see `Session`); one small allocation per push.
+                push = mailbox.next_push(), if self.inflight.has_room() => Box::pin(self.on_push(push)).await,
                 msg = self.socket.next() => Box::pin(self.on_socket(msg)).await,
                 // After pushes and the device's own frames: typing and presence wait,
                 // and are dropped when their queue fills (gateway.ephemeral_queue).
