@@ -90,26 +90,20 @@ impl Roster {
         Ok(states)
     }
 
-    /// A device of `user` connected: online if it is its only one now. Best effort:
-    /// presence is a hint, and a failed announcement costs followers one change.
+    /// `user` has just come online (its first device connected; the claim of the
+    /// presence tells). Best effort: presence is a hint, and a failed announcement costs
+    /// followers one change.
     pub async fn connected(&self, tenant: &str, user: &str) {
-        let devices: Result<u64, _> = self.redis.next().hlen(self.keys.presence(tenant, user)).await;
-        if matches!(devices, Ok(1)) {
-            self.announce(tenant, PresenceState { user: user.to_owned(), online: true, last_seen: None }).await;
-        }
+        self.announce(tenant, PresenceState { user: user.to_owned(), online: true, last_seen: None }).await;
     }
 
-    /// A device of `user` gave up its presence: offline if none is left, with its
-    /// last-seen time written.
+    /// `user`'s last device gave up its presence (the clearing tells): offline, with
+    /// its last-seen time written.
     pub async fn disconnected(&self, tenant: &str, user: &str) {
-        let redis = self.redis.next();
-        let devices: Result<u64, _> = redis.hlen(self.keys.presence(tenant, user)).await;
-        if !matches!(devices, Ok(0)) {
-            return;
-        }
         let now = herald_shared::ids::now_ms();
         let ttl = Some(Expiration::EX(self.seen_ttl_s.max(1) as i64));
-        let _: Result<(), _> = redis.set(self.keys.last_seen(tenant, user), now, ttl, None, false).await;
+        let seen = self.redis.next().set(self.keys.last_seen(tenant, user), now, ttl, None, false).await;
+        let _: Result<(), _> = seen;
         self.announce(tenant, PresenceState { user: user.to_owned(), online: false, last_seen: Some(now) }).await;
     }
 

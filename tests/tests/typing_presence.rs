@@ -255,3 +255,37 @@ async fn presence_changes_reach_the_sessions_that_follow_the_user_only() {
         d.stop().await;
     }
 }
+
+#[tokio::test]
+async fn a_user_whose_two_devices_connect_at_once_is_shown_online() {
+    let c = cluster("tp-together", &[]).await;
+    let users: Vec<String> = (1..=12).map(|i| format!("u{i}")).collect();
+    let mut members = vec!["alice"];
+    members.extend(users.iter().map(String::as_str));
+    c.client(0, "alice", "a1").create_conversation(Some("g"), "group", &members).await.unwrap();
+    let a1 = device(&c, 0, "alice", "a1", true).await;
+    a1.send_raw(json!({"t": "presence_subscribe", "users": users, "ref": "p1"})).await;
+    for u in &users {
+        shown_presence(&a1, u, false).await;
+    }
+    // Each user's two devices open their sessions together: whichever claims its
+    // presence first finds itself the user's only device, and the change is announced.
+    let opened =
+        futures::future::join_all(users.iter().flat_map(|u| [(u.clone(), "d1"), (u.clone(), "d2")]).map(|(u, d)| {
+            let c = &c;
+            async move { device(c, 0, &u, d, false).await }
+        }))
+        .await;
+    for u in &users {
+        shown_presence(&a1, u, true).await;
+    }
+    futures::future::join_all(opened.into_iter().map(|d| d.stop())).await;
+    for u in &users {
+        eventually(Duration::from_secs(10), &format!("{u} is shown offline again"), || async {
+            let last = presence(&a1).into_iter().rev().find(|p| p.user == *u)?;
+            (!last.online && last.last_seen.is_some()).then_some(())
+        })
+        .await;
+    }
+    a1.stop().await;
+}

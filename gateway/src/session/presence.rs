@@ -32,10 +32,12 @@ impl Presence {
 
     /// Takes the device's presence. A session it replaces on another node is told to
     /// close (4002); one on this node was told when this session registered. True when
-    /// the device was not connected (it replaced no session).
+    /// the user has just come online: the device was not connected, and no other device
+    /// of the user is (the count comes with the claim, no second read).
     pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<bool, Error> {
-        let old: Option<String> = scripts::PRESENCE_SET.call(redis, vec![self.key.clone()], self.args()).await?;
-        let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(true) };
+        let (old, devices): (Option<String>, u64) =
+            scripts::PRESENCE_SET.call(redis, vec![self.key.clone()], self.args()).await?;
+        let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(devices == 1) };
         if old.node == self.value.node {
             return Ok(false);
         }
@@ -62,13 +64,13 @@ impl Presence {
 
     /// Gives the entry up if it is still this session's: to `successor`, the device's
     /// newer session on this node, when there is one; else it is cleared. True when it
-    /// was cleared (the device is offline now).
+    /// was cleared and the user has no device connected any more (it has gone offline).
     pub async fn give_up(&self, redis: &Client, successor: Option<&str>) -> bool {
         let mut args = vec![self.device.device.clone(), self.value.to_string()];
         if let Some(session) = successor {
             args.push(PresenceValue::new(self.value.node.as_str(), session).to_string());
         }
         let given: Result<i64, _> = scripts::PRESENCE_CLEAR.call(redis, vec![self.key.clone()], args).await;
-        successor.is_none() && matches!(given, Ok(1))
+        successor.is_none() && matches!(given, Ok(2))
     }
 }

@@ -6,12 +6,17 @@
 -- its pushes.
 --
 -- KEYS: presence hash. ARGV: device, value (node|session), [successor's value].
--- Returns: 1 when given up, else 0.
+-- Returns: 0 when it was not this session's; 1 when given up and the user still has a
+-- device connected; 2 when cleared and none is left (the user has gone offline).
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
   if ARGV[3] then
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
     return 1
   end
-  return redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  if redis.call('HLEN', KEYS[1]) == 0 then
+    return 2
+  end
+  return 1
 end
 return 0
