@@ -2,9 +2,9 @@
 // against a real local Herald (one worker, two gateways): two users chat, two tabs are
 // two devices of one user, and a page whose gateway is SIGKILLed reconnects to the other. Each page's timeline must
 // hold every message once and in seq order. Edits, recalls and membership and title
-// changes show on every page. CHROMIUM names the browser (default /usr/bin/chromium);
+// changes show on every page, and so do typing and the presence of the people seen. CHROMIUM names the browser (default /usr/bin/chromium);
 // DEMO_SCREENSHOT=file saves a screenshot of the chat, DEMO_SCREENSHOT_EVENTS=file one
-// of the timeline events.
+// of the timeline events, DEMO_SCREENSHOT_TYPING=file one of typing and presence.
 
 import { createServer as netServer } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -178,6 +178,35 @@ describe("the demo page", () => {
     if (process.env.DEMO_SCREENSHOT_EVENTS) await hank.screenshot({ path: process.env.DEMO_SCREENSHOT_EVENTS });
     await gina.close();
     await hank.close();
+  });
+
+  it("shows who is typing and the people seen with their presence", async () => {
+    const [gw1, gw2] = herald.gateways.map((g) => g.base);
+    const kim = await signIn("kim", [gw1]);
+    const lee = await signIn("lee", [gw2]);
+    const conv = await openConv(kim, "lee");
+    await send(kim, "there?");
+    await lee.click(`#convs li[data-conv="${conv}"]`, { timeout: 10_000 });
+    await timeline(lee, 1);
+    // Each has seen the other (a member, a sender): followed, shown online.
+    await lee.waitForSelector('#people li[data-user="kim"][data-online="1"]', { timeout: 10_000 });
+    await kim.waitForSelector('#people li[data-user="lee"][data-online="1"]', { timeout: 10_000 });
+    // Lee types (keys, no send): kim's page says so under the timeline, then not once sent.
+    await lee.click("#composer input");
+    await lee.keyboard.type("on my way");
+    await kim.waitForSelector('#typing[data-typing="lee"]', { timeout: 10_000 });
+    expect(await kim.textContent("#typing")).toBe("lee is typing…");
+    expect(await lee.textContent("#typing")).toBe("");
+    if (process.env.DEMO_SCREENSHOT_TYPING) await kim.screenshot({ path: process.env.DEMO_SCREENSHOT_TYPING });
+    await lee.press("#composer input", "Enter");
+    await kim.waitForSelector('#typing[data-typing=""]', { state: "attached", timeout: 10_000 });
+    // Nothing of it was stored: the timeline holds the two messages only.
+    expect((await timeline(kim, 2)).texts).toEqual(["there?", "on my way"]);
+    // Lee leaves: kim's page shows lee offline, with when last seen.
+    await lee.close();
+    await kim.waitForSelector('#people li[data-user="lee"][data-online="0"]', { timeout: 15_000 });
+    expect(await kim.textContent('#people li[data-user="lee"] .name')).toContain("last seen");
+    await kim.close();
   });
 
   it("a page whose gateway is SIGKILLed reconnects to the other and shows every message once, in order", async () => {
