@@ -87,12 +87,7 @@ impl History {
                 .fetch_optional(&self.db)
                 .await?;
         let Some(member) = member else {
-            let exists = sqlx::query("SELECT 1 FROM conversations WHERE tenant_id = ? AND id = ?")
-                .bind(tenant)
-                .bind(conv)
-                .fetch_optional(&self.db)
-                .await?
-                .is_some();
+            let exists = herald_shared::db::conversation_exists(&self.db, tenant, conv).await?;
             return Err(if exists {
                 ApiError::new(ErrorCode::Forbidden, "not a member of this conversation")
             } else {

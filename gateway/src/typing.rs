@@ -111,16 +111,8 @@ impl TypingRelay {
             .fetch_all(&self.db)
             .await?;
         let users = rows.iter().map(|r| r.text(0)).collect::<Result<Vec<String>, _>>()?;
-        if users.is_empty() {
-            let exists = sqlx::query("SELECT 1 FROM conversations WHERE tenant_id = ? AND id = ?")
-                .bind(tenant)
-                .bind(conv)
-                .fetch_optional(&self.db)
-                .await?
-                .is_some();
-            if !exists {
-                return Err(ApiError::not_found());
-            }
+        if users.is_empty() && !herald_shared::db::conversation_exists(&self.db, tenant, conv).await? {
+            return Err(ApiError::not_found());
         }
         let users = Arc::new(users);
         let mut kept = self.members.lock().expect("members");

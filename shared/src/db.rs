@@ -167,6 +167,20 @@ pub async fn durability(pool: &MySqlPool) -> Result<Durability, sqlx::Error> {
     })
 }
 
+/// Whether the tenant has the conversation: what tells `not_found` from `forbidden`
+/// once a membership read found nothing.
+pub async fn conversation_exists<'e, E>(db: E, tenant: &str, conv: &str) -> Result<bool, sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = sqlx::MySql>,
+{
+    let row = sqlx::query("SELECT 1 FROM conversations WHERE tenant_id = ? AND id = ?")
+        .bind(tenant)
+        .bind(conv)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.is_some())
+}
+
 /// Reads text columns. Herald's identifiers are compared byte-wise (`utf8mb4_bin`:
 /// `Alice` and `alice` are different users, `m1` and `M1` different cmids), and MySQL
 /// flags such columns BINARY, which sqlx refuses to decode as `String`. These read

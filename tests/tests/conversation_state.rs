@@ -348,3 +348,19 @@ async fn list_paging_stays_consistent_while_messages_arrive() {
     let fresh = alice.list_conversations(10, None).await.unwrap();
     assert_eq!(ids(&fresh)[0], "c05");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_outside_the_users_conversations_is_refused() {
+    let mut c = Cluster::new("reads-refused");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let bob = c.client(0, "bob", "b0");
+    bob.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    bob.send("m0", "ab", &json!({})).await.unwrap();
+    let (status, body) = http_read(&c, "carol", "c1", "ab", 1).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")), "{body}");
+    let (status, body) = http_read(&c, "carol", "c1", "nowhere", 1).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")), "{body}");
+    let (status, _) = http_read(&c, "alice", "a1", "ab", 1).await;
+    assert_eq!(status, 200);
+}

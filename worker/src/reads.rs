@@ -72,12 +72,7 @@ impl ReadReceipts {
             .fetch_optional(&mut *tx)
             .await?;
             let Some(row) = row else {
-                let exists = sqlx::query("SELECT 1 FROM conversations WHERE tenant_id = ? AND id = ?")
-                    .bind(&r.tenant)
-                    .bind(&r.conv)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .is_some();
+                let exists = herald_shared::db::conversation_exists(&mut *tx, &r.tenant, &r.conv).await?;
                 outcomes.push(if exists {
                     SendOutcome::Err { code: ErrorCode::Forbidden, message: "not a member of this conversation".into() }
                 } else {
