@@ -18,7 +18,7 @@
 //!   pages, acks; `upkeep`: the timer and what it does (heartbeat, epoch, watermark);
 //!   `requests`: send, sync and read; `reads`: read positions shown; `status`:
 //!   delivered positions reported and delivery status shown; `token`: the token's
-//!   expiry and its refresh.
+//!   expiry and its refresh; `frames`: frames read from the socket and written to it.
 //!
 //! The loop is generic over a `Stream` + `Sink` of WebSocket messages, so a test drives
 //! a session over channels.
@@ -27,6 +27,7 @@ mod backlog;
 mod closing;
 mod delivery;
 mod ephemeral;
+mod frames;
 mod inflight;
 mod presence;
 mod reads;
@@ -44,15 +45,15 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{Message, Utf8Bytes};
+use axum::extract::ws::Message;
 use fred::prelude::Pool;
-use futures::{Sink, SinkExt, Stream, StreamExt};
+use futures::{Sink, Stream, StreamExt};
 use governor::DefaultDirectRateLimiter;
 use herald_shared::auth::Claims;
 use herald_shared::config::Config;
 use herald_shared::ids::MsgId;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
-use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame};
+use herald_shared::protocol::{CloseCode, ServerFrame};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -380,85 +381,5 @@ where
                 ControlFlow::Continue(())
             }
         }
-    }
-
-    async fn on_socket(&mut self, msg: Option<Result<Message, E>>) -> Flow {
-        let Some(Ok(msg)) = msg else { return ControlFlow::Break(End::Gone) };
-        let now = Instant::now();
-        self.heartbeat.seen(now);
-        match msg {
-            Message::Text(t) => self.on_frame(t.as_str()).await,
-            Message::Pong(_) => {
-                self.heartbeat.pong(now, &mut self.inflight);
-                self.confirm_reads().await;
-                ControlFlow::Continue(())
-            }
-            Message::Close(_) => ControlFlow::Break(End::Gone),
-            Message::Binary(_) => self.protocol_error(None, "binary frames are not supported").await,
-            Message::Ping(_) => ControlFlow::Continue(()),
-        }
-    }
-
-    async fn on_frame(&mut self, text: &str) -> Flow {
-        let max_frame = self.env.cfg.gateway.max_body_bytes * 2 + 4096;
-        if text.len() > max_frame {
-            let message = format!("frame is {} bytes; the limit is {max_frame}", text.len());
-            self.send_frame(ErrorFrame::new(herald_shared::error::ErrorCode::TooLarge, message)).await;
-            return self.strikes.protocol();
-        }
-        let frame = match ClientFrame::parse(text) {
-            Ok(f) => f,
-            Err(e) => {
-                metrics::counter!("herald_frames_in_total", "type" => "invalid").increment(1);
-                return self.protocol_error(e.reference, &e.message).await;
-            }
-        };
-        metrics::counter!("herald_frames_in_total", "type" => frame.kind()).increment(1);
-        match frame {
-            ClientFrame::Ping(p) => {
-                let ts = p.ts.unwrap_or_else(herald_shared::ids::now_ms);
-                self.send_frame(herald_shared::protocol::Pong { ts }).await;
-                ControlFlow::Continue(())
-            }
-            ClientFrame::Ack(a) => self.on_ack(a.ids).await,
-            ClientFrame::Send(s) => self.on_send(s).await,
-            ClientFrame::Sync(s) => self.on_sync(s).await,
-            ClientFrame::Read(r) => self.on_read(r).await,
-            ClientFrame::Refresh(f) => self.on_refresh(f).await,
-            ClientFrame::Typing(t) => self.on_typing(t).await,
-            ClientFrame::PresenceSubscribe(p) => self.on_presence_subscribe(p).await,
-            ClientFrame::Auth(f) => {
-                let why = "auth must be the first frame, and only without a token at the upgrade";
-                self.protocol_error(f.reference, why).await
-            }
-        }
-    }
-
-    /// Writes a text frame; false when the socket is gone or stalled.
-    async fn write(&mut self, text: Utf8Bytes) -> bool {
-        metrics::counter!("herald_frames_out_total").increment(1);
-        self.send_message(Message::Text(text)).await
-    }
-
-    /// Every write has a deadline: a peer that stops reading (a half-open connection
-    /// whose buffers filled) must not hold the session, and its slots, forever.
-    async fn send_message(&mut self, m: Message) -> bool {
-        let deadline = Duration::from_millis(self.env.cfg.gateway.write_timeout_ms);
-        match tokio::time::timeout(deadline, self.socket.send(m)).await {
-            Ok(sent) => sent.is_ok(),
-            Err(_) => {
-                metrics::counter!("herald_write_timeouts_total").increment(1);
-                self.stalled = true;
-                false
-            }
-        }
-    }
-
-    async fn ping(&mut self) {
-        self.send_message(Message::Ping(Default::default())).await;
-    }
-
-    async fn send_frame(&mut self, frame: impl Into<ServerFrame>) -> bool {
-        self.write(frame.into().to_json().into()).await
     }
 }
