@@ -182,11 +182,6 @@ impl Cluster {
         token(SECRET, TENANT, user, device, Platform::Ios)
     }
 
-    /// A device's token in another tenant than [`Cluster::token`]'s.
-    pub fn token_in(&self, tenant: &str, user: &str, device: &str) -> String {
-        token(SECRET, tenant, user, device, Platform::Web)
-    }
-
     /// A device's HTTP client against gateway `gw`.
     pub fn client(&self, gw: usize, user: &str, device: &str) -> HttpClient {
         HttpClient::new(self.gateways[gw].base_url(), self.token(user, device))

@@ -8,7 +8,7 @@ use std::time::Duration;
 use herald_client::device::DeviceSpec;
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{ErrorFrame, PresenceState, ServerFrame, TypingShown, TypingState};
-use herald_tests::{eventually, pending_ids, AutoDevice, Cluster};
+use herald_tests::{eventually, pending_ids, AutoDevice, Cluster, SECRET};
 use serde_json::{json, Value};
 
 /// A worker and two gateways: typing and presence cross nodes.
@@ -93,7 +93,15 @@ async fn typing_reaches_the_other_members_online_devices_only_and_is_never_store
     let b2 = device(&c, 0, "bob", "b2", false).await;
     // Carol is no member; a "bob" of another tenant shares only the name.
     let c1 = device(&c, 0, "carol", "c1", true).await;
-    let other_bob = device_with_token(&c, 1, &c.token_in("t2", "bob", "x1"), "bob", "x1", true).await;
+    let other_bob = device_with_token(
+        &c,
+        1,
+        &herald_client::token(SECRET, "t2", "bob", "x1", herald_shared::auth::Platform::Web),
+        "bob",
+        "x1",
+        true,
+    )
+    .await;
 
     typing_frame(&a1, "g", "started", "ty1").await;
     let shown = shown_typing(&b1, 1).await;
