@@ -297,3 +297,22 @@ async fn a_user_whose_two_devices_connect_at_once_is_shown_online() {
     }
     a1.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_whose_gateway_is_killed_is_queried_offline_within_three_heartbeats() {
+    let mut c = cluster("tp-killed", &[("HERALD_GATEWAY__HEARTBEAT_MS", "1000")]).await;
+    c.client(0, "alice", "a1").create_conversation(Some("g"), "group", &["alice", "bob"]).await.unwrap();
+    let b1 = device(&c, 1, "bob", "b1", false).await;
+    let (_, answer) = presence_of(&c, "alice", "?users=bob").await;
+    assert_eq!(answer["users"][0]["online"], true, "{answer}");
+
+    // SIGKILL: no session ends, nothing clears bob's presence; its TTL (three
+    // heartbeats) must.
+    c.gateways[1].kill().await;
+    eventually(Duration::from_secs(10), "bob is queried offline once his gateway is gone", || async {
+        let (_, answer) = presence_of(&c, "alice", "?users=bob").await;
+        (answer["users"][0]["online"] == false).then_some(())
+    })
+    .await;
+    drop(b1);
+}
