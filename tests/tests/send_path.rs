@@ -70,16 +70,20 @@ async fn concurrent_sends_with_repeats_commit_exactly_once_and_fan_out() {
             let convs = &convs_of[&u];
             // (cmid, conv, answer, was it a repeat)
             let mut log: Vec<(String, String, SendResult, bool)> = Vec::new();
+            let mut bodies: Vec<serde_json::Value> = Vec::new();
             for n in 0..200 {
                 let repeat = n > 0 && next() % 5 == 0;
-                let (cmid, conv) = if repeat {
-                    let (cmid, conv, _, _) = &log[(next() % log.len() as u64) as usize];
-                    (cmid.clone(), conv.clone())
+                // A repeat is the same request again: its cmid, conversation and body.
+                let (cmid, conv, body) = if repeat {
+                    let k = (next() % log.len() as u64) as usize;
+                    let (cmid, conv, _, _) = &log[k];
+                    (cmid.clone(), conv.clone(), bodies[k].clone())
                 } else {
-                    (format!("{i}-{n}"), convs[(next() % convs.len() as u64) as usize].clone())
+                    (format!("{i}-{n}"), convs[(next() % convs.len() as u64) as usize].clone(), json!({"n": n}))
                 };
-                let r = client.send_until_committed(&cmid, &conv, &json!({"n": n}), 20).await.expect("send commits");
+                let r = client.send_until_committed(&cmid, &conv, &body, 20).await.expect("send commits");
                 log.push((cmid, conv, r, repeat));
+                bodies.push(body);
             }
             (i, log)
         }));

@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod close;
+pub mod digest;
 pub mod ephemeral;
 pub mod node;
 pub mod schema;

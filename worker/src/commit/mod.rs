@@ -38,8 +38,27 @@ use numbering::number;
 pub use outcome::{BatchResult, CommitError, Failure, Outcome};
 use script::Script;
 
-/// The answer to a cmid reused for another conversation.
-const CMID_REUSED: &str = "this cmid was already used for a message to another conversation";
+/// The answer to a cmid reused for another request (another conversation or body, or
+/// a timeline change).
+const CMID_REUSED: &str = "this cmid was already used for another message or change";
+
+/// A row committed before under an entry's key, as the lookup found it.
+#[derive(Clone, Debug)]
+pub(crate) struct Repeat {
+    /// Its answer, `dup: true`.
+    result: SendResult,
+    /// It is a timeline change, not a message.
+    change: bool,
+    /// What its request asked for (`None` on rows older than digests).
+    digest: Option<u64>,
+}
+
+impl Repeat {
+    /// `e` is the request that made this row again (not another use of its key).
+    fn answers(&self, e: &IngressEntry) -> bool {
+        !self.change && self.result.conv == e.conv && self.digest.is_none_or(|d| d == e.digest())
+    }
+}
 
 /// How repeats of committed messages are found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,7 +219,7 @@ impl CommitPipeline {
         // 1. Repeats of already committed messages (when a first try found there are).
         if dedup == Dedup::Lookup {
             reads
-                .push(" SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at FROM messages WHERE ");
+                .push(" SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at, event IS NOT NULL, op_digest FROM messages WHERE ");
             for (i, e) in entries.iter().enumerate() {
                 if i > 0 {
                     reads.push(" OR ");
@@ -231,18 +250,19 @@ impl CommitPipeline {
         if let Some(f) = fences.iter().find(|f| tokens.get(&f.shard) != Some(&f.token)) {
             return Err(CommitError::Fenced(f.shard));
         }
-        let mut existing: HashMap<(String, String, String), SendResult> = HashMap::new();
+        let mut existing: HashMap<(String, String, String), Repeat> = HashMap::new();
         if dedup == Dedup::Lookup {
             for row in next()? {
                 let key = (row.text(0)?, row.text(1)?, row.text(2)?);
-                let r = SendResult {
+                let result = SendResult {
                     id: MsgId(row.try_get::<u64, _>(3)?),
                     conv: row.text(4)?,
                     seq: row.try_get(5)?,
                     ts: row.try_get::<i64, _>(6)? as u64,
                     dup: true,
                 };
-                existing.insert(key, r);
+                let change = row.try_get::<i64, _>(7)? == 1;
+                existing.insert(key, Repeat { result, change, digest: row.try_get(8)? });
             }
         }
         let mut convs: BTreeMap<(String, String), ConvState> = BTreeMap::new();
@@ -298,13 +318,14 @@ impl CommitPipeline {
         if !planned.is_empty() {
             // 4. The messages, in one statement.
             writes.push(&cap).push(
-                "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at) VALUES ",
+                "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at, op_digest) VALUES ",
             );
             for (n, (i, _, seq, id)) in planned.iter().enumerate() {
                 let e = &entries[*i];
                 writes.push(if n > 0 { ", (" } else { "(" }).int(id.0).push(", ").str(&e.tenant).push(", ");
                 writes.str(&e.conv).push(", ").int(*seq).push(", ").str(&e.user).push(", ").str(&e.device);
-                writes.push(", ").str(&e.cmid).push(", ").str(&e.body).push(", ").int(now).push(")");
+                writes.push(", ").str(&e.cmid).push(", ").str(&e.body).push(", ").int(now);
+                writes.push(", ").int(e.digest()).push(")");
             }
             // 5. The conversations' new positions, in one statement (the rows exist and are locked).
             writes.push("; ").push(&cap).push(

@@ -8,7 +8,7 @@ use herald_shared::error::ErrorCode;
 use herald_shared::ids::MsgId;
 use herald_shared::protocol::{IngressEntry, SendResult};
 
-use super::{BatchResult, CommitError, ConvState, Outcome, CMID_REUSED};
+use super::{BatchResult, CommitError, ConvState, Outcome, Repeat, CMID_REUSED};
 use crate::lease::IdSource;
 
 /// A new message of the batch: (entry, conversation, seq, id).
@@ -18,7 +18,7 @@ pub(super) type Planned = (usize, (String, String), u64, MsgId);
 /// with their first commit, refusals with their reason.
 pub(super) fn number(
     entries: &[IngressEntry],
-    existing: &HashMap<(String, String, String), SendResult>,
+    existing: &HashMap<(String, String, String), Repeat>,
     convs: &mut BTreeMap<(String, String), ConvState>,
     ids: &IdSource,
     now: u64,
@@ -32,10 +32,10 @@ pub(super) fn number(
     for (i, e) in entries.iter().enumerate() {
         let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
         if let Some(r) = existing.get(&dedup_key) {
-            result.outcomes.push(if r.conv == e.conv {
-                Outcome::Done(r.clone())
+            result.outcomes.push(if r.answers(e) {
+                Outcome::Done(r.result.clone())
             } else {
-                // Not a repeat: another message under a cmid already used.
+                // Not a repeat: another request under a cmid already used.
                 Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())
             });
             continue;
@@ -81,7 +81,8 @@ pub(super) fn number(
     }
     for (i, first) in repeats {
         if let Outcome::Done(r) = &result.outcomes[first] {
-            result.outcomes[i] = if r.conv == entries[i].conv {
+            let same = (&entries[i].conv, &entries[i].body) == (&entries[first].conv, &entries[first].body);
+            result.outcomes[i] = if same {
                 Outcome::Done(SendResult { dup: true, ..r.clone() })
             } else {
                 Outcome::Rejected(ErrorCode::Conflict, CMID_REUSED.into())

@@ -14,7 +14,7 @@ use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::protocol::timeline::MAX_EVENTS_PER_CHANGE;
 use herald_shared::protocol::{
-    ConversationKind, MemberRole, SendOutcome, SendResult, TimelineEntry, TimelineOp, MAX_CMID_LEN,
+    ConversationKind, MemberRole, SendOutcome, SendResult, TimelineEntry, TimelineEvent, TimelineOp, MAX_CMID_LEN,
 };
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::Row;
@@ -184,6 +184,12 @@ pub async fn attempt(
     Ok((SendOutcome::Timeline(answers), Some(result)))
 }
 
+/// A `LIKE` pattern matching the stored `edited` events of message `target` (the
+/// event's JSON as [`TimelineEvent::to_json`] writes it: `type` first, then `target`).
+fn edits_of(target: MsgId) -> String {
+    format!(r#"{{"type":"edited","target":"{target}",%"#)
+}
+
 fn refused(code: ErrorCode, message: &str) -> SendOutcome {
     SendOutcome::Err { code, message: message.to_owned() }
 }
@@ -211,9 +217,13 @@ fn is_statement_timeout(e: &sqlx::Error) -> bool {
 fn reads(e: &TimelineEntry, fence: Fence, target: Option<MsgId>) -> Script {
     let mut r = Script::default();
     r.push("BEGIN; SELECT token FROM shard_fences WHERE shard = ").int(fence.shard).push(" LOCK IN SHARE MODE; ");
-    r.push("SELECT id, conv_id, seq, created_at, event IS NOT NULL FROM messages WHERE tenant_id = ").str(&e.tenant);
-    r.push(" AND sender_id = ").str(&e.user).push(" AND client_msg_id IN (");
-    let keys = (1..=MAX_EVENTS_PER_CHANGE).map(|n| e.event_cmid(n)).filter(|k| k.chars().count() <= MAX_CMID_LEN);
+    r.push("SELECT id, conv_id, seq, created_at, event IS NOT NULL, op_digest FROM messages WHERE tenant_id = ");
+    r.str(&e.tenant).push(" AND sender_id = ").str(&e.user).push(" AND client_msg_id IN (");
+    // Only a membership change makes more than one event (`K#2`, `K#3`, under the
+    // gateway's own key): a recall or edit keyed `K` is `K` alone, whatever else a
+    // client once sent as `K#2`.
+    let events = if matches!(e.op, TimelineOp::Members { .. }) { MAX_EVENTS_PER_CHANGE } else { 1 };
+    let keys = (1..=events).map(|n| e.event_cmid(n)).filter(|k| k.chars().count() <= MAX_CMID_LEN);
     for (i, k) in keys.enumerate() {
         if i > 0 {
             r.push(", ");
@@ -232,11 +242,14 @@ fn reads(e: &TimelineEntry, fence: Fence, target: Option<MsgId>) -> Script {
 }
 
 /// The answer to a change whose key was committed before: its events again (`dup`),
-/// or a conflict when the key belongs to something else.
+/// or a conflict when the key belongs to something else (a message, another
+/// conversation, another operation, target or body).
 fn repeat(e: &TimelineEntry, rows: &[MySqlRow]) -> Result<SendOutcome, sqlx::Error> {
     let mut answers = Vec::new();
+    let digest = e.digest();
     for r in rows {
-        if r.text(1)? != e.conv || r.try_get::<i64, _>(4)? != 1 {
+        let same = r.try_get::<Option<u64>, _>(5)?.is_none_or(|d| d == digest);
+        if r.text(1)? != e.conv || r.try_get::<i64, _>(4)? != 1 || !same {
             return Ok(refused(ErrorCode::Conflict, KEY_REUSED));
         }
         let ts = r.try_get::<i64, _>(3)? as u64;
@@ -298,13 +311,14 @@ fn writes(
 ) -> Script {
     let mut w = Script::default();
     w.push(cap).push(
-        "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at, event) VALUES ",
+        "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at, event, op_digest) VALUES ",
     );
+    let digest = e.digest();
     for (n, c) in committed.iter().enumerate() {
         w.push(if n > 0 { ", (" } else { "(" }).int(c.id.0).push(", ").str(&c.tenant).push(", ").str(&c.conv);
         w.push(", ").int(c.seq).push(", ").str(&c.sender).push(", ").str(&c.sender_device).push(", ").str(&c.cmid);
         let event = c.event.as_ref().map(|ev| ev.to_json()).unwrap_or_default();
-        w.push(", ").str(&c.body).push(", ").int(now).push(", ").str(&event).push(")");
+        w.push(", ").str(&c.body).push(", ").int(now).push(", ").str(&event).push(", ").int(digest).push(")");
     }
     let member = |w: &mut Script, user: &str| {
         w.push(" WHERE tenant_id = ").str(&e.tenant).push(" AND conv_id = ").str(&e.conv);
@@ -352,6 +366,13 @@ fn writes(
             }
         };
         w.push(" WHERE id = ").int(target.0).push(" AND tenant_id = ").str(&e.tenant);
+        if let (TargetUpdate::Recall, Some(TimelineEvent::Recalled { target_seq, .. })) = (update, &last.event) {
+            // The recall's promise: the text is gone for everyone, the earlier edits'
+            // too. They stay in the timeline as who and when (their rows, `null`).
+            w.push("; ").push(cap).push("UPDATE messages SET body = 'null' WHERE tenant_id = ").str(&e.tenant);
+            w.push(" AND conv_id = ").str(&e.conv).push(" AND seq > ").int(*target_seq);
+            w.push(" AND event LIKE ").str(&edits_of(target));
+        }
     }
     let ids: Vec<String> = committed.iter().map(|c| c.id.to_string()).collect();
     let payload = serde_json::json!({ "ids": ids }).to_string();
