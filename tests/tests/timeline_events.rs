@@ -264,3 +264,85 @@ async fn the_rust_device_shows_changes_recalled_messages_and_edited_text() {
         ]
     );
 }
+
+/// Every `m:*` frame Redis holds for this cluster, as text.
+async fn cached_frames(c: &Cluster) -> Vec<String> {
+    let redis = c.redis().await;
+    let pattern = format!("{}:m:*", c.prefix);
+    let mut frames = Vec::new();
+    let mut cursor = "0".to_owned();
+    loop {
+        let (next, keys): (String, Vec<String>) =
+            redis.scan_page(cursor.clone(), pattern.clone(), Some(1_000), None).await.unwrap();
+        for k in keys {
+            if let Some(f) = redis.get::<Option<String>, _>(k).await.unwrap() {
+                frames.push(f);
+            }
+        }
+        if next == "0" {
+            return frames;
+        }
+        cursor = next;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recalled_message_leaves_no_text_after_several_edits() {
+    let c = cluster("tl-recall-text").await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("g"), "group", &["alice", "bob"]).await.unwrap();
+    // b2 is registered but offline: its backlog is read once the recall committed.
+    c.client(0, "bob", "b2").register_device().await.unwrap();
+    let b1 = device(&c, "bob", "b1").await;
+    let m1 = alice.send("m1", "g", &json!({"text": "secret-v0"})).await.unwrap();
+    alice.edit(m1.id, "e1", &json!({"text": "secret-v1"})).await.unwrap();
+    alice.edit(m1.id, "e2", &json!({"text": "secret-v2"})).await.unwrap();
+    alice.recall(m1.id, "r1").await.unwrap();
+    received_seqs(&b1, "g", &[1, 2, 3, 4]).await;
+    let leaks = |what: &str, text: &str| assert!(!text.contains("secret"), "{what} still reads the text: {text}");
+
+    // History, device sync over HTTP and the WebSocket `sync` frame: who and when, not what.
+    leaks("history", &history(&c, "bob", "g").await.to_string());
+    // Sync returns what is older than the settle time: wait for all four.
+    let page = eventually(Duration::from_secs(15), "GET /v1/sync returns all four", || async {
+        let (status, page) = c.client(0, "bob", "b1").get_raw("/v1/sync?limit=100").await.unwrap();
+        assert_eq!(status, 200, "{page}");
+        (page["items"].as_array().map(Vec::len) == Some(4)).then_some(page)
+    })
+    .await;
+    leaks("GET /v1/sync", &page.to_string());
+    let edits: Vec<&Value> =
+        page["items"].as_array().unwrap().iter().filter(|m| m["event"]["type"] == "edited").collect();
+    assert_eq!(edits.len(), 2, "the edits stay in the timeline, as who and when: {page}");
+    let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token("bob", "b3")).await.unwrap();
+    ws.send(&ClientFrame::Sync(herald_shared::protocol::SyncFrame {
+        conv: "g".into(),
+        after_seq: 0,
+        limit: None,
+        reference: Some("s1".into()),
+    }))
+    .await
+    .unwrap();
+    let answer = loop {
+        match ws.next(Duration::from_secs(5)).await.expect("a sync answer") {
+            WsEvent::Frame(ServerFrame::History(h)) => break h,
+            _ => continue,
+        }
+    };
+    assert_eq!(answer.items.len(), 4);
+    leaks("the sync frame", &serde_json::to_string(&answer).unwrap());
+    ws.close().await;
+
+    // A device that was offline reads its backlog now: the earlier edits carry no text.
+    let b2 = device(&c, "bob", "b2").await;
+    received_seqs(&b2, "g", &[1, 2, 3, 4]).await;
+    for m in b2.messages.lock().unwrap().iter() {
+        leaks("the late device's backlog", &serde_json::to_string(m).unwrap());
+    }
+    // Nor does any frame Redis keeps.
+    for f in cached_frames(&c).await {
+        leaks("a cached frame", &f);
+    }
+    b1.stop().await;
+    b2.stop().await;
+}

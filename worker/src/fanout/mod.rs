@@ -308,7 +308,11 @@ impl Fanout {
         plans: &BTreeMap<(String, String), UserPlan>,
     ) -> Result<Vec<Vec<(String, String)>>, fred::error::Error> {
         let pipe = client.pipeline();
-        for m in msgs {
+        // An edit's frame carries text a later recall must take back from everyone:
+        // it is not kept here, and devices that owe it read it from MySQL, as it is now.
+        let cached: Vec<&&Committed> =
+            msgs.iter().filter(|m| !matches!(m.event, Some(TimelineEvent::Edited { .. }))).collect();
+        for m in &cached {
             let _: () = pipe
                 .set(
                     self.keys.message(m.id),
@@ -357,14 +361,14 @@ impl Fanout {
         let results = pipe.try_all::<Value>().await;
         // A pipeline that failed as a whole answers with fewer results than commands:
         // that is a failed fan-out (retried by the outbox), never a partial success.
-        if results.len() != msgs.len() + stale.len() + calls.len() {
+        if results.len() != cached.len() + stale.len() + calls.len() {
             let first_error = results.into_iter().find_map(Result::err);
             return Err(first_error.unwrap_or_else(|| {
                 fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out pipeline answered short")
             }));
         }
         let mut results = results.into_iter();
-        for _ in 0..msgs.len() + stale.len() {
+        for _ in 0..cached.len() + stale.len() {
             results.next().transpose()?;
         }
         let mut online = vec![Vec::new(); plans.len()];
