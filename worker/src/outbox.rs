@@ -88,7 +88,7 @@ impl Outbox {
             .bind(status)
             .bind(failures)
             .bind(next as i64)
-            .bind(error)
+            .bind(&error)
             .bind(now as i64)
             .bind(id)
             .execute(&self.db)
@@ -98,7 +98,7 @@ impl Outbox {
             metrics::counter!("herald_outbox_dead_total").increment(1);
             tracing::error!(event = id, failures, "outbox event is DEAD; retry it through the admin API");
         } else {
-            tracing::warn!(event = id, failures, "outbox dispatch failed; will retry");
+            tracing::warn!(event = id, failures, error = %error, "outbox dispatch failed; will retry");
         }
         Ok(())
     }
