@@ -159,7 +159,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         g.typing_max_members,
     ));
     let drain = process.cancel().child_token();
+    let devices = devices::DeviceRegistry::new(
+        db.clone(),
+        redis.clone(),
+        keys.clone(),
+        cfg.delivery.last_seen_every(),
+        Duration::from_secs(cfg.delivery.device_ttl_s),
+    );
     let sessions = Arc::new(SessionEnv {
+        devices: devices.clone(),
         cfg: cfg.clone(),
         redis: redis.clone(),
         keys: keys.clone(),
@@ -188,13 +196,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         db: db.clone(),
         history,
         ingress,
-        devices: devices::DeviceRegistry::new(
-            db.clone(),
-            redis.clone(),
-            keys.clone(),
-            cfg.delivery.last_seen_every(),
-            Duration::from_secs(cfg.delivery.device_ttl_s),
-        ),
+        devices,
         limits: limits.clone(),
         roster,
         sessions,
@@ -209,7 +211,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.spawn_supervised("delivered_flusher", Criticality::Background, move |c| delivered_flusher.clone().run(c));
     let budget = budget::BudgetController::new(g, limits.backlog.clone(), limits.realtime.clone());
     process.spawn_supervised("backlog_budget", Criticality::Background, move |c| budget.clone().run(c));
-    let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone(), watchers };
+    let devices = state.devices.clone();
+    let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone(), watchers, devices };
     process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
     let check_policy = g.require_noeviction;
     let health =

@@ -11,6 +11,7 @@ use herald_shared::keys::DeviceKey;
 use herald_shared::protocol::NodeEnvelope;
 use tokio_util::sync::CancellationToken;
 
+use crate::devices::DeviceRegistry;
 use crate::sessions::{Ephemeral, EphemeralKind, Push, SessionRegistry};
 use crate::waiters::SendWaiters;
 use crate::watchers::PresenceWatchers;
@@ -76,6 +77,8 @@ pub struct NodeChannel {
     pub waiters: Arc<SendWaiters>,
     pub sessions: Arc<SessionRegistry>,
     pub watchers: Arc<PresenceWatchers>,
+    /// Forgets devices that logged out through other gateways.
+    pub devices: DeviceRegistry,
 }
 
 impl NodeChannel {
@@ -83,9 +86,10 @@ impl NodeChannel {
     /// outlives a restart (fred keeps it), so nothing is missed but what arrived while
     /// it was down, and sessions read their pending sets again for that.
     pub async fn run(self, cancel: CancellationToken) {
-        let NodeChannel { client, waiters, sessions, watchers } = self;
+        let NodeChannel { client, waiters, sessions, watchers, devices } = self;
         sessions.reread_all();
-        listen(client, waiters, sessions, watchers, cancel).await
+        devices.forget_all();
+        listen(client, waiters, sessions, watchers, devices, cancel).await
     }
 }
 
@@ -94,6 +98,7 @@ async fn listen(
     waiters: Arc<SendWaiters>,
     sessions: Arc<SessionRegistry>,
     watchers: Arc<PresenceWatchers>,
+    devices: DeviceRegistry,
     cancel: CancellationToken,
 ) {
     let mut rx = client.message_rx();
@@ -109,6 +114,8 @@ async fn listen(
                     // sets for what they missed.
                     tracing::info!("node channel reconnected; sessions read their pending sets again");
                     sessions.reread_all();
+                    // A logout announced meanwhile was missed: registrations are made again.
+                    devices.forget_all();
                 }
                 continue;
             }
@@ -122,6 +129,7 @@ async fn listen(
                 metrics::counter!("herald_node_channel_lagged_total").increment(n);
                 tracing::warn!(lost = n, "node channel receiver lagged; sessions read their pending sets again");
                 sessions.reread_all();
+                devices.forget_all();
                 continue;
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
@@ -156,6 +164,9 @@ async fn listen(
             for key in p.to {
                 sessions.push_status(&key, &p.status);
             }
+        }
+        for d in &env.logouts {
+            devices.forget(d);
         }
         for k in env.kick {
             sessions.kick(&DeviceKey::new(k.tenant, k.user, k.device), &k.session);

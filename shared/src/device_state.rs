@@ -13,7 +13,13 @@ pub async fn free(redis: &Pool, keys: &Keys, d: &DeviceKey) -> Result<(), fred::
     let client = redis.next();
     let pipe = client.pipeline();
     let _: () = pipe.del(vec![keys.pending_of(d), keys.reads(&d.tenant, &d.user, &d.device)]).await?;
-    let _: () = pipe.hdel(keys.devices(&d.tenant, &d.user), vec![d.device.clone(), epoch_marker(&d.device)]).await?;
+    let fields = vec![
+        d.device.clone(),
+        epoch_marker(&d.device),
+        format!("session:{}", d.device),
+        format!("claimed:{}", d.device),
+    ];
+    let _: () = pipe.hdel(keys.devices(&d.tenant, &d.user), fields).await?;
     let _: () = pipe.hdel(keys.presence(&d.tenant, &d.user), d.device.as_str()).await?;
     let _: () = pipe.hdel(keys.overflow(&d.tenant, &d.user), d.device.as_str()).await?;
     let _: Vec<Value> = pipe.all().await?;

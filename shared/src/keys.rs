@@ -109,8 +109,10 @@ impl Keys {
         format!("{}:{{{tenant}:{user}}}:pend:{device}", self.prefix)
     }
 
-    /// HASH of a user's devices: `device` -> platform, and `epoch:{device}` -> the
-    /// Redis epoch in which the device's pending set was last known complete.
+    /// HASH of a user's devices: `device` -> platform, `epoch:{device}` -> the Redis
+    /// epoch in which the device's pending set was last known complete, and the
+    /// device's session epochs: `session:{device}` -> the last one drawn (a session's
+    /// admission), `claimed:{device}` -> the one holding its presence.
     pub fn devices(&self, tenant: &str, user: &str) -> String {
         format!("{}:{{{tenant}:{user}}}:devs", self.prefix)
     }

@@ -157,3 +157,68 @@ async fn a_session_of_a_logged_out_device_ends_and_does_not_bring_it_back() {
         sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE device_id = 'phone'").fetch_one(&db).await.unwrap();
     assert_eq!(rows, 0, "no watermark report re-created the device");
 }
+
+/// `PUT /v1/devices/me/push` through gateway `gw`: its status.
+async fn register_push(c: &Cluster, gw: usize, user: &str, device: &str) -> u16 {
+    let r = reqwest::Client::new()
+        .put(format!("{}/v1/devices/me/push", c.gateways[gw].base_url()))
+        .bearer_auth(c.token(user, device))
+        .json(&json!({"platform": "fcm", "token": "t-1"}))
+        .send()
+        .await
+        .unwrap();
+    r.status().as_u16()
+}
+
+/// A device that logged out and comes back, on whichever gateway: registered again at
+/// once, its session stays, and it gets every message from then on.
+async fn comes_back_on_the_other_gateway(c: &Cluster) {
+    let alice = c.client(0, "alice", "a1");
+    let back = AutoDevice::connect(&c.gateways[1].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    assert_eq!(register_push(c, 1, "bob", "b1").await, 200, "its push registration is taken at once");
+    let m = alice.send("after", "ab", &json!("after")).await.unwrap();
+    eventually(Duration::from_secs(10), "the device that came back gets the next message", || async {
+        back.ids().contains(&m.id.0).then_some(())
+    })
+    .await;
+    assert_eq!(*back.closed.lock().unwrap(), None, "its session was not closed as logged out");
+    back.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_logged_out_on_one_gateway_is_registered_again_on_another() {
+    let mut c = Cluster::new("logout-two-gw");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    // Gateway 1 knows the device (it registered it), then it logs out through gateway 0.
+    let first = AutoDevice::connect(&c.gateways[1].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    first.stop().await;
+    let r = reqwest::Client::new()
+        .delete(format!("{}/v1/devices/me", c.gateways[0].base_url()))
+        .bearer_auth(c.token("bob", "b1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    comes_back_on_the_other_gateway(&c).await;
+}
+
+/// The same when gateway 1 never heard of the logout (the announcement is best effort):
+/// the device's row and Redis state are gone, as a logout leaves them, and nothing said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_whose_logout_went_unheard_is_registered_again_when_it_returns() {
+    let mut c = Cluster::new("logout-unheard");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let first = AutoDevice::connect(&c.gateways[1].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    first.stop().await;
+    let db = c.db().await;
+    sqlx::query("DELETE FROM devices WHERE device_id = 'b1'").execute(&db).await.unwrap();
+    let d = herald_shared::keys::DeviceKey::new(TENANT, "bob", "b1");
+    herald_shared::device_state::free(&c.redis_pool().await, &c.keys(), &d).await.unwrap();
+    comes_back_on_the_other_gateway(&c).await;
+}

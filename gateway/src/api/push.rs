@@ -5,6 +5,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use herald_shared::auth::Claims;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::now_ms;
 use serde::{Deserialize, Serialize};
@@ -57,7 +58,19 @@ pub async fn register(
     let req: PushRequest = parse_json(&body)?;
     check(&req)?;
     let now = now_ms() as i64;
-    // The caller's row exists: authentication registered the device.
+    // Authentication registered the device, unless this gateway still took it for
+    // registered after it logged out through another one: then it is registered again.
+    if store(&state, &c, &req, now).await? == 0 {
+        state.devices.register_again(&c).await?;
+        if store(&state, &c, &req, now).await? == 0 {
+            return Err(ApiError::new(ErrorCode::Unavailable, "the device is not registered yet; retry"));
+        }
+    }
+    Ok(Json(PushRegistration { platform: req.platform, token: req.token, updated_at: now }))
+}
+
+/// Writes the push registration on the caller's row: the rows changed (0: no row).
+async fn store(state: &AppState, c: &Claims, req: &PushRequest, now: i64) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
         "UPDATE devices SET push_platform = ?, push_token = ?, push_updated_at = ? \
          WHERE tenant_id = ? AND user_id = ? AND device_id = ?",
@@ -70,11 +83,7 @@ pub async fn register(
     .bind(&c.dev)
     .execute(&state.db)
     .await?;
-    if done.rows_affected() == 0 {
-        // Logged out on another gateway a moment ago, while this one still knew it.
-        return Err(ApiError::new(ErrorCode::Unavailable, "the device is not registered yet; retry"));
-    }
-    Ok(Json(PushRegistration { platform: req.platform, token: req.token, updated_at: now }))
+    Ok(done.rows_affected())
 }
 
 /// `DELETE /v1/devices/me/push`: the device gets no more push notifications; the

@@ -17,13 +17,14 @@ use axum::response::Response;
 use futures::FutureExt;
 use herald_shared::auth::{verify, Claims};
 use herald_shared::error::ErrorCode;
-use herald_shared::ids::MsgId;
+use herald_shared::keys::DeviceKey;
 use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame, SUBPROTOCOL};
 use tracing::Instrument;
 
 use crate::api::auth::token_of;
 use crate::limits::{ConnectionPermit, ConnectionRefused};
-use crate::session::{Features, Session};
+use crate::session::presence::draw_epoch;
+use crate::session::{Admission, Features, Session};
 use crate::state::AppState;
 
 /// The raw request parts, for reading the token ourselves.
@@ -133,11 +134,11 @@ async fn first_frame_token(socket: &mut WebSocket) -> Result<String, String> {
     }
 }
 
-/// What admission gives a session: its connection slot, and its device's watermark when
-/// the registration read or wrote it (the session's start needs no second read).
+/// What admission gives a session: its connection slot, and what its start needs
+/// (its device's watermark when the registration read or wrote it, its epoch).
 struct Admitted {
     permit: ConnectionPermit,
-    watermark: Option<MsgId>,
+    admission: Admission,
 }
 
 /// The checks after a valid token: the node's admission budget (a login storm), the
@@ -165,8 +166,19 @@ async fn admit(state: &AppState, ip: Option<IpAddr>, claims: &Claims) -> Result<
             return Err(Refusal { error: Some(f), code: CloseCode::Policy, reason: message.into() });
         }
     };
+    // The session's place among its device's sessions, before anything slow: a later
+    // session of the device, on any gateway, draws a higher one.
+    let redis = state.sessions.redis.next();
+    let epoch = match draw_epoch(redis, &state.sessions.keys, &DeviceKey::of(claims)).await {
+        Ok(epoch) => epoch,
+        Err(e) => {
+            tracing::warn!(error = %e, "session epoch not drawn");
+            let reason = "dependency unavailable".to_owned();
+            return Err(Refusal { error: None, code: CloseCode::InternalError, reason });
+        }
+    };
     match state.devices.register(claims).await {
-        Ok(watermark) => Ok(Admitted { permit, watermark }),
+        Ok(watermark) => Ok(Admitted { permit, admission: Admission { watermark, epoch } }),
         Err(e) => Err(Refusal { error: None, code: CloseCode::InternalError, reason: e.message }),
     }
 }
@@ -182,11 +194,11 @@ fn serve(
     features: Features,
     socket: WebSocket,
 ) -> impl Future<Output = ()> {
-    let Admitted { permit, watermark } = admitted;
+    let Admitted { permit, admission } = admitted;
     // The client's address in every line the session logs.
     let span = tracing::debug_span!("client", ip = ip.map(tracing::field::display));
     // The slot is held for the whole session and given back when it ends.
-    Session::run(state.sessions.clone(), claims, watermark, socket, features)
+    Session::run(state.sessions.clone(), claims, admission, socket, features)
         .instrument(span)
         .map(move |()| drop(permit))
 }

@@ -15,6 +15,7 @@ use herald_shared::auth::Claims;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::MsgId;
 use herald_shared::keys::{DeviceKey, Keys};
+use herald_shared::protocol::NodeEnvelope;
 use sqlx::mysql::MySqlPool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -91,9 +92,29 @@ impl DeviceRegistry {
         Ok(Some(watermark))
     }
 
+    /// Registers the device whatever this gateway remembers: its row was found gone
+    /// (it logged out through another gateway, whose word did not reach this one).
+    pub async fn register_again(&self, c: &Claims) -> Result<MsgId, ApiError> {
+        self.forget(&DeviceKey::of(c));
+        let again = self.register(c).await?;
+        again.ok_or_else(|| ApiError::new(ErrorCode::Unavailable, "device registration unavailable; retry"))
+    }
+
+    /// Forgets that `d` is registered: its next request here registers it again.
+    pub fn forget(&self, d: &DeviceKey) {
+        self.known.lock().expect("device cache").remove(d);
+    }
+
+    /// Forgets every device (a logout may have been missed): each registers again on
+    /// its next request here, in batches.
+    pub fn forget_all(&self) {
+        self.known.lock().expect("device cache").clear();
+    }
+
     /// Removes the device (it logged out): no more fan-out to it, and its pending set,
-    /// presence, marker, band and stored read positions go. The presence it had, if
-    /// any, is returned so its session can be closed.
+    /// presence, marker, band and stored read positions go. Every gateway is told to
+    /// forget it, so it registers again wherever it comes back. The presence it had,
+    /// if any, is returned so its session can be closed.
     pub async fn unregister(&self, d: &DeviceKey) -> Result<Option<String>, ApiError> {
         sqlx::query("DELETE FROM devices WHERE tenant_id = ? AND user_id = ? AND device_id = ?")
             .bind(&d.tenant)
@@ -101,10 +122,17 @@ impl DeviceRegistry {
             .bind(&d.device)
             .execute(&self.db)
             .await?;
-        self.known.lock().expect("device cache").remove(d);
+        self.forget(d);
         let redis = self.redis.next();
         let presence: Option<String> = redis.hget(self.keys.presence(&d.tenant, &d.user), d.device.as_str()).await?;
         herald_shared::device_state::free(&self.redis, &self.keys, d).await?;
+        let told = NodeEnvelope { logouts: vec![d.clone()], ..NodeEnvelope::default() };
+        let told = serde_json::to_string(&told).expect("envelope serializes");
+        // Best effort: a gateway that misses it finds the row gone where it matters
+        // (a session's start, a push registration) and registers the device again.
+        if let Err(e) = herald_shared::redis::publish_to_node(redis, self.keys.presence_channel(), told).await {
+            tracing::debug!(error = %e, "logout not announced to the other gateways");
+        }
         Ok(presence)
     }
 }

@@ -29,7 +29,7 @@ mod delivery;
 mod ephemeral;
 mod frames;
 mod inflight;
-mod presence;
+pub mod presence;
 mod reads;
 mod requests;
 mod start;
@@ -61,6 +61,7 @@ use tracing::Instrument;
 
 use crate::acks::LeftoverAcks;
 use crate::delivered::DeliveredReports;
+use crate::devices::DeviceRegistry;
 use crate::epoch::{EpochSeen, EpochWatch};
 use crate::history::History;
 use crate::ingress::Ingress;
@@ -83,6 +84,9 @@ use status::{DeliveredMarks, StatusThrottle};
 #[derive(Clone, Debug)]
 pub struct SessionEnv {
     pub cfg: Arc<Config>,
+    /// Devices registered in MySQL (a device found logged out at its start is
+    /// registered again).
+    pub devices: DeviceRegistry,
     pub redis: Pool,
     pub keys: Keys,
     pub history: History,
@@ -151,10 +155,26 @@ pub enum SessionError {
     Db(#[from] sqlx::Error),
     #[error("pending set rebuild: {0}")]
     Recovery(#[from] RecoveryError),
+    #[error("device registration: {0}")]
+    Register(String),
+    /// A newer session of the device holds its presence.
+    #[error("replaced by a newer session")]
+    Superseded,
 }
 
 /// The close reason of a session whose device logged out.
 pub(super) const LOGGED_OUT: &str = "the device logged out";
+/// The close reason of a session a newer one of its device replaced.
+pub(super) const REPLACED: &str = "replaced by a newer session";
+
+/// What a session's admission found: the device's watermark when its registration read
+/// or wrote it (the start needs no second read), and the session's epoch among the
+/// device's sessions (`presence::draw_epoch`).
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    pub watermark: Option<MsgId>,
+    pub epoch: u64,
+}
 
 /// How a session ends.
 #[derive(Debug)]
@@ -229,18 +249,19 @@ where
     /// Serves one device's session until it ends. Not an `async fn`: its arguments
     /// would stay in the session's future, a second copy beside the session they
     /// moved into.
-    /// `watermark`: the device's, when its registration read or wrote it;
+    /// `admitted`: what the session's admission found (see [`Admission`]);
     /// `features`: the frames the device asked for.
     pub fn run(
         env: Arc<SessionEnv>,
         claims: Claims,
-        watermark: Option<MsgId>,
+        admitted: Admission,
         socket: S,
         features: Features,
     ) -> impl Future<Output = ()> {
+        let Admission { watermark, epoch } = admitted;
         let id = format!("{}-{:016x}", env.cfg.node_id, rand::random::<u64>());
         let span = tracing::debug_span!("session", tenant = %claims.tid, user = %claims.sub, device = %claims.dev, session = %id);
-        let mut session = Session::new(env, claims, id, socket);
+        let mut session = Session::new(env, claims, id, socket, epoch);
         session.registered_watermark = watermark;
         session.features = features;
         if features.delivered {
@@ -250,7 +271,7 @@ where
         session.serve().instrument(span)
     }
 
-    fn new(env: Arc<SessionEnv>, claims: Claims, id: String, socket: S) -> Session<S> {
+    fn new(env: Arc<SessionEnv>, claims: Claims, id: String, socket: S, epoch: u64) -> Session<S> {
         let g = &env.cfg.gateway;
         let (page_size, backlog_rate) = if claims.plat.is_mobile() {
             (g.backlog_page_mobile, g.backlog_rate_mobile)
@@ -271,6 +292,7 @@ where
                 &device,
                 PresenceValue::new(env.cfg.node_id.as_str(), id.as_str()),
                 g.heartbeat_ms,
+                epoch,
             ),
             pending_key: env.keys.pending_of(&device),
             epoch: EpochSeen::new(&env.epoch),
@@ -314,6 +336,7 @@ where
             let end = match Box::pin(self.start()).await {
                 Ok(()) => self.event_loop(&mailbox).await,
                 Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
+                Err(SessionError::Superseded) => End::Close(CloseCode::Replaced, REPLACED),
                 Err(e) => {
                     tracing::warn!(error = %e, "session start failed");
                     End::Close(CloseCode::InternalError, "dependency unavailable")
@@ -370,7 +393,7 @@ where
 
     async fn on_control(&mut self, c: Control) -> Flow {
         match c {
-            Control::Replaced => ControlFlow::Break(End::Close(CloseCode::Replaced, "replaced by a newer session")),
+            Control::Replaced => ControlFlow::Break(End::Close(CloseCode::Replaced, REPLACED)),
             Control::Read(position) => {
                 self.show_read(position).await;
                 self.ping().await;

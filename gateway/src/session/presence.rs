@@ -1,6 +1,8 @@
 //! A session's presence: the `node|session` value in the user's presence hash that
 //! tells workers where to push, and makes one session per device (a newer one replaces
-//! the older, here or on another node through a `kick`).
+//! the older, here or on another node through a `kick`). Newer means admitted later:
+//! each session draws an epoch from a per-device counter when admitted, and a claim
+//! with a lower epoch than the device's last claim replaces nothing.
 
 use fred::prelude::*;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
@@ -14,32 +16,70 @@ pub struct Presence {
     value: PresenceValue,
     /// The entry outlives three missed heartbeats, no more.
     ttl_ms: String,
+    /// The session's place among the device's sessions, drawn when it was admitted
+    /// ([`draw_epoch`]): a claim never replaces a session with a higher one.
+    epoch: u64,
+}
+
+/// What a claim did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This session holds the device's presence; `true` when the user has just come
+    /// online (the device was not connected, and no other device of the user is).
+    Held(bool),
+    /// A newer session of the device claimed it first: this one must end (4002).
+    Superseded,
+}
+
+/// What keeping the presence found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    Held,
+    /// It had vanished and was set again.
+    SetAgain,
+    /// A newer session of the device holds it (its kick did not arrive): end (4002).
+    Superseded,
+}
+
+/// The next session epoch of the device: drawn when a session is admitted, before
+/// anything slow (its registration, its start), so sessions are ordered by when they
+/// came, whichever gateway's claim reaches Redis first.
+pub async fn draw_epoch(redis: &Client, keys: &Keys, d: &DeviceKey) -> Result<u64, Error> {
+    redis.hincrby(keys.devices(&d.tenant, &d.user), format!("session:{}", d.device), 1).await
 }
 
 impl Presence {
-    pub fn new(keys: &Keys, device: &DeviceKey, value: PresenceValue, heartbeat_ms: u64) -> Presence {
+    pub fn new(keys: &Keys, device: &DeviceKey, value: PresenceValue, heartbeat_ms: u64, epoch: u64) -> Presence {
         Presence {
             key: keys.presence(&device.tenant, &device.user),
             device: device.clone(),
             value,
             ttl_ms: (heartbeat_ms * 3).to_string(),
+            epoch,
         }
     }
 
-    fn args(&self) -> Vec<String> {
-        vec![self.device.device.clone(), self.value.to_string(), self.ttl_ms.clone()]
+    fn keys(&self, keys: &Keys) -> Vec<String> {
+        vec![self.key.clone(), keys.devices(&self.device.tenant, &self.device.user)]
     }
 
-    /// Takes the device's presence. A session it replaces on another node is told to
-    /// close (4002); one on this node was told when this session registered. True when
-    /// the user has just come online: the device was not connected, and no other device
-    /// of the user is (the count comes with the claim, no second read).
-    pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<bool, Error> {
-        let (old, devices): (Option<String>, u64) =
-            scripts::PRESENCE_SET.call(redis, vec![self.key.clone()], self.args()).await?;
-        let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(devices == 1) };
+    fn args(&self) -> Vec<String> {
+        vec![self.device.device.clone(), self.value.to_string(), self.ttl_ms.clone(), self.epoch.to_string()]
+    }
+
+    /// Takes the device's presence, unless a newer session of the device has. A session
+    /// it replaces on another node is told to close (4002); one on this node was told
+    /// when this session registered. The count of the user's connected devices comes
+    /// with the claim, no second read.
+    pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<Claim, Error> {
+        let (old, devices, claimed): (Option<String>, u64, u8) =
+            scripts::PRESENCE_SET.call(redis, self.keys(keys), self.args()).await?;
+        if claimed == 0 {
+            return Ok(Claim::Superseded);
+        }
+        let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(Claim::Held(devices == 1)) };
         if old.node == self.value.node {
-            return Ok(false);
+            return Ok(Claim::Held(false));
         }
         let kick = NodeEnvelope {
             kick: vec![Kick {
@@ -52,14 +92,19 @@ impl Presence {
         };
         let kick = serde_json::to_string(&kick).expect("serializes");
         herald_shared::redis::publish_to_node(redis, keys.node_channel(&old.node), kick).await?;
-        Ok(false)
+        Ok(Claim::Held(false))
     }
 
     /// Refreshes the entry's TTL, setting it again if it vanished (Redis lost its data,
-    /// or the key expired while Redis was unreachable); true when it had vanished.
-    pub async fn keep(&self, redis: &Client) -> bool {
-        let set: Result<i64, _> = scripts::PRESENCE_KEEP.call(redis, vec![self.key.clone()], self.args()).await;
-        matches!(set, Ok(1))
+    /// or the key expired while Redis was unreachable), unless a newer session of the
+    /// device claimed it. An error counts as held: the next heartbeat tries again.
+    pub async fn keep(&self, redis: &Client, keys: &Keys) -> Kept {
+        let set: Result<i64, _> = scripts::PRESENCE_KEEP.call(redis, self.keys(keys), self.args()).await;
+        match set {
+            Ok(1) => Kept::SetAgain,
+            Ok(2) => Kept::Superseded,
+            _ => Kept::Held,
+        }
     }
 
     /// Gives the entry up if it is still this session's: to `successor`, the device's

@@ -13,9 +13,10 @@ use futures::{Sink, Stream};
 use herald_shared::ids::MsgId;
 use herald_shared::protocol::{Hello, Message as MsgFrame};
 
+use super::presence::Claim;
 use super::{Session, SessionError};
 use crate::epoch::EpochSeen;
-use crate::recovery::Band;
+use crate::recovery::{Band, RecoveryError};
 
 /// `hello.pending` counts an overflow band's messages up to this many.
 const BAND_COUNT_MAX: u32 = 100_000;
@@ -34,7 +35,12 @@ where
 {
     pub(super) async fn start(&mut self) -> Result<(), SessionError> {
         let redis = self.env.redis.next().clone();
-        let new_device = self.presence.claim(&redis, &self.env.keys).await?;
+        let new_device = match self.presence.claim(&redis, &self.env.keys).await? {
+            Claim::Held(new_device) => new_device,
+            // Its claim came late: a session of the device admitted after it holds the
+            // presence, and stays.
+            Claim::Superseded => return Err(SessionError::Superseded),
+        };
         // Replaced here while claiming (the newer session's claim can reach Redis first):
         // the presence goes to the newer one, which a kick from another node must find.
         if let Some(newer) = self.env.directory.successor(&self.device, &self.id) {
@@ -48,7 +54,19 @@ where
         let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
         self.epoch = EpochSeen::new(&self.env.epoch);
         let watermark = self.registered_watermark.take();
-        self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, watermark).await?;
+        match self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, watermark).await {
+            // The device logged out through another gateway, whose word this one's
+            // registry missed: it came back, so it is registered again, now, and gets
+            // every message from here on.
+            Err(RecoveryError::Unregistered) => {
+                let again = self.env.devices.register_again(&self.claims).await;
+                let watermark = again.map_err(|e| SessionError::Register(e.message))?;
+                self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, Some(watermark)).await?;
+            }
+            done => {
+                done?;
+            }
+        }
         // With a band: its messages (the set may hold some of them too) and the set's
         // above it, or the set's size if that is more.
         let mut pending: u64 = redis.zcard(&self.pending_key).await?;

@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Session, SessionEnv};
+use super::{Admission, Session, SessionEnv};
 use crate::epoch::EpochWatch;
 use crate::history::History;
 use crate::ingress::Ingress;
@@ -124,7 +124,15 @@ async fn fixture(device: &str) -> Fixture {
         seen_ttl_s: 60,
     };
     let typing = Arc::new(crate::typing::TypingRelay::new(db.clone(), pool.clone(), keys.clone(), 6_000, 100));
+    let devices = crate::devices::DeviceRegistry::new(
+        db.clone(),
+        pool.clone(),
+        keys.clone(),
+        Duration::from_secs(60),
+        Duration::from_secs(3_600),
+    );
     let env = Arc::new(SessionEnv {
+        devices,
         roster,
         typing,
         watchers: Arc::default(),
@@ -198,7 +206,8 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
     let ids: Vec<u64> = (0..7).map(|k| (1u64 << 62) + k).collect();
     fill(&f, "d1", &ids).await;
     let (socket, mut peer) = socket_pair();
-    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket, super::Features::default()));
+    let session =
+        tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), admission(1), socket, super::Features::default()));
 
     let Ok(ServerFrame::Hello(hello)) = peer.next().await else { panic!("hello first") };
     assert_eq!((hello.pending, hello.hb_ms), (7, 25_000));
@@ -240,7 +249,8 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
 
     // A newer session of the same device replaces this one: 4002.
     let (socket2, mut peer2) = socket_pair();
-    let newer = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), None, socket2, super::Features::default()));
+    let newer =
+        tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), admission(2), socket2, super::Features::default()));
     assert_eq!(peer.next().await.unwrap_err(), Some(4002));
     session.await.unwrap();
     assert!(matches!(peer2.next().await, Ok(ServerFrame::Hello(_))));
@@ -252,4 +262,9 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
     assert_eq!(peer2.next().await.unwrap_err(), Some(4003));
     newer.await.unwrap();
     let _: i64 = f.redis.del(vec![f.keys.devices("t", "u"), f.keys.presence("t", "u")]).await.unwrap();
+}
+
+/// A session's admission with no watermark read and session epoch `epoch`.
+fn admission(epoch: u64) -> Admission {
+    Admission { watermark: None, epoch }
 }

@@ -17,7 +17,8 @@ use herald_shared::protocol::CloseCode;
 use tokio::time::Instant;
 
 use super::inflight::Dead;
-use super::{End, Flow, Session, LOGGED_OUT};
+use super::presence::Kept;
+use super::{End, Flow, Session, LOGGED_OUT, REPLACED};
 use crate::recovery::RecoveryError;
 use crate::watermarks::Mark;
 
@@ -91,7 +92,13 @@ where
         if beat.ping {
             self.ping().await;
         }
-        if beat.keepalive && self.presence.keep(self.env.redis.next()).await {
+        let kept =
+            if beat.keepalive { self.presence.keep(self.env.redis.next(), &self.env.keys).await } else { Kept::Held };
+        if kept == Kept::Superseded {
+            // A newer session of the device claimed its presence; its kick was lost.
+            return ControlFlow::Break(End::Close(CloseCode::Replaced, REPLACED));
+        }
+        if kept == Kept::SetAgain {
             // The presence expired (Redis paused) or went with the data of the user's
             // slot. In a Redis Cluster a master other than the epoch's can lose its
             // data with the epoch unchanged: the device's marker went too, and this
@@ -121,7 +128,7 @@ where
                 self.epoch.accept(generation, epoch);
                 // The presence went with the data: restore it now, not at the next
                 // heartbeat (the backlog is read again just below anyway).
-                self.presence.keep(self.env.redis.next()).await;
+                self.presence.keep(self.env.redis.next(), &self.env.keys).await;
                 self.backlog.restart();
             }
             Err(RecoveryError::Unregistered) => {

@@ -299,6 +299,10 @@ pub struct NodeEnvelope {
     /// Presence changes, on the presence channel only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub presence: Vec<PresenceChange>,
+    /// Devices that logged out, on the presence channel only: every gateway forgets
+    /// them, so their next request registers them again. Ignored by older gateways.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logouts: Vec<crate::keys::DeviceKey>,
 }
 
 /// Tells a node to close a session replaced elsewhere (close code 4002).
