@@ -42,6 +42,12 @@ pub struct Page {
 const MESSAGE_COLUMNS: &str = "msg.id, msg.conv_id, msg.seq, msg.sender_id, msg.client_msg_id, msg.created_at, \
      msg.body, msg.event, msg.edited_seq, msg.recalled_seq";
 
+/// A message (`msg`) within one of the ranges its reader (`m`, the member row) was a
+/// member of: the current one, or an earlier one kept when it joined again.
+const IN_RANGES: &str = "((msg.seq > m.joined_seq AND (m.left_seq IS NULL OR msg.seq <= m.left_seq)) \
+     OR EXISTS (SELECT 1 FROM member_ranges r WHERE r.tenant_id = m.tenant_id AND r.conv_id = m.conv_id \
+     AND r.user_id = m.user_id AND msg.seq > r.joined_seq AND msg.seq <= r.left_seq))";
+
 /// What a device's band leaves out (binds its user and device): its own messages, which
 /// it has from their `sent`; its own timeline events reach it like everyone's.
 const NOT_OWN: &str = "AND NOT (msg.event IS NULL AND msg.sender_id = ? AND msg.sender_device = ?)";
@@ -135,8 +141,7 @@ impl History {
         let settled = MsgId::lowest_at(herald_shared::ids::now_ms().saturating_sub(self.settle_ms));
         let rows = sqlx::query(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
-             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.id < ? AND msg.seq > m.joined_seq \
-             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) ORDER BY msg.id LIMIT ?"
+             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.id < ? AND {IN_RANGES} ORDER BY msg.id LIMIT ?"
         ))
         .bind(tenant)
         .bind(user)
@@ -160,8 +165,7 @@ impl History {
     ) -> Result<Vec<Message>, sqlx::Error> {
         let rows = sqlx::query(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
-             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.id <= ? AND msg.seq > m.joined_seq \
-             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) {NOT_OWN} ORDER BY msg.id LIMIT ?"
+             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id > ? AND msg.id <= ? AND {IN_RANGES} {NOT_OWN} ORDER BY msg.id LIMIT ?"
         ))
         .bind(&d.tenant)
         .bind(&d.user)
@@ -179,8 +183,7 @@ impl History {
     pub async fn band_count(&self, d: &DeviceKey, low: MsgId, high: MsgId, max: u32) -> Result<u64, sqlx::Error> {
         let n: i64 = sqlx::query_scalar(&format!(
             "SELECT COUNT(*) FROM (SELECT 1 FROM members m JOIN messages msg ON msg.tenant_id = m.tenant_id AND msg.conv_id = m.conv_id \
-             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id >= ? AND msg.id <= ? AND msg.seq > m.joined_seq \
-             AND (m.left_seq IS NULL OR msg.seq <= m.left_seq) {NOT_OWN} LIMIT ?) band"
+             WHERE m.tenant_id = ? AND m.user_id = ? AND msg.id >= ? AND msg.id <= ? AND {IN_RANGES} {NOT_OWN} LIMIT ?) band"
         ))
         .bind(&d.tenant)
         .bind(&d.user)

@@ -9,7 +9,7 @@ use herald_client::{WsClient, WsEvent};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{Hello, Message, ServerFrame};
 use herald_tests::faults::signal;
-use herald_tests::{ack_frame, eventually, pending_ids, Cluster};
+use herald_tests::{ack_frame, eventually, pending_ids, AutoDevice, Cluster};
 use serde_json::json;
 
 /// Reads a session to its `caught_up`, acking each page as it comes; the messages in
@@ -188,4 +188,47 @@ async fn a_late_member_is_told_where_its_timeline_starts() {
     let log = device.stop().await;
     let shown: Vec<u64> = log.shown.iter().map(|s| s.seq).collect();
     assert_eq!(shown, [6, 7], "shown from where carol joined");
+}
+
+/// A member removed and added again while its device was offline past its pending cap
+/// gets both of its ranges, the part read from MySQL (the overflow band) included, and
+/// nothing between them; a member never removed gets everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_removed_and_added_again_gets_both_ranges_past_its_pending_cap() {
+    let mut c = Cluster::new("rejoin-band");
+    c.set("HERALD_DELIVERY__PENDING_CAP", "4");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("g"), "group", &["alice", "bob", "carol"]).await.unwrap();
+    // Both devices are known, then offline.
+    for (user, dev) in [("bob", "b1"), ("carol", "c1")] {
+        let mut ws = WsClient::connect(&c.gateways[0].base_url(), &c.token(user, dev)).await.unwrap();
+        ws.next_of::<Hello>(Duration::from_secs(5)).await.unwrap();
+        ws.close().await;
+    }
+    // Seqs 1-10, bob removed at 11, 12-14, bob added at 15, 16-18.
+    let mut seqs = Vec::new();
+    for k in 0..16 {
+        if k == 10 {
+            alice.change_members("g", &[], &["bob"]).await.unwrap();
+        }
+        if k == 13 {
+            alice.change_members("g", &["bob"], &[]).await.unwrap();
+        }
+        seqs.push(alice.send(&format!("m{k}"), "g", &json!({ "k": k })).await.unwrap().seq);
+    }
+    assert_eq!(seqs, (1..=10).chain(12..=14).chain(16..=18).collect::<Vec<u64>>());
+
+    let seqs = |d: &AutoDevice| d.received.lock().unwrap().iter().map(|(_, s, _)| *s).collect::<BTreeSet<u64>>();
+    let carol = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("carol", "c1"), "carol", "c1").await;
+    let bob = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    let all: BTreeSet<u64> = (1..=18).collect();
+    let bobs: BTreeSet<u64> = (1..=11).chain(15..=18).collect();
+    eventually(Duration::from_secs(20), "carol gets all 18", || async { (seqs(&carol) == all).then_some(()) }).await;
+    eventually(Duration::from_secs(20), "bob gets both ranges", || async { (seqs(&bob) == bobs).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(seqs(&bob), bobs, "nothing from between bob's ranges");
+    carol.stop().await;
+    bob.stop().await;
 }

@@ -325,6 +325,16 @@ fn writes(
         w.push(" AND user_id = ").str(user);
     };
     if !joins.is_empty() {
+        // A former member's range is kept before it rejoins (its row then holds the new
+        // one): what reads a device's messages by membership still finds it.
+        w.push("; ").push(cap);
+        w.push("INSERT INTO member_ranges (tenant_id, conv_id, user_id, joined_seq, left_seq) ");
+        w.push("SELECT tenant_id, conv_id, user_id, joined_seq, left_seq FROM members WHERE tenant_id = ");
+        w.str(&e.tenant).push(" AND conv_id = ").str(&e.conv).push(" AND left_seq IS NOT NULL AND user_id IN (");
+        for (n, user) in joins.keys().enumerate() {
+            w.push(if n > 0 { ", " } else { "" }).str(user);
+        }
+        w.push(") ON DUPLICATE KEY UPDATE left_seq = VALUES(left_seq)");
         // A former member rejoins from here on, as a member.
         w.push("; ").push(cap);
         w.push("INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at, role) VALUES ");
