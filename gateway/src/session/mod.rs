@@ -362,8 +362,7 @@ where
                 return end;
             }
             if self.stalled {
-                metrics::counter!("herald_half_open_closes_total").increment(1);
-                return End::Close(CloseCode::HeartbeatTimeout, "writes stalled: half-open");
+                return half_open();
             }
         }
     }
@@ -382,4 +381,10 @@ where
             }
         }
     }
+}
+
+/// How a session whose writes stalled (a write missed `gateway.write_timeout_ms`) ends.
+fn half_open() -> End {
+    metrics::counter!("herald_half_open_closes_total").increment(1);
+    End::Close(CloseCode::HeartbeatTimeout, "writes stalled: half-open")
 }
