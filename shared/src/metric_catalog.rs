@@ -164,6 +164,10 @@ pub const METRICS: &[Metric] = &[
     // Worker: fan-out, outbox, reads.
     counter("herald_fanout_messages_total", "Messages fanned out into pending sets."),
     counter("herald_fanout_errors_total", "Fan-outs that failed and were left to the outbox."),
+    counter(
+        "herald_fanout_partial_total",
+        "Fan-outs that failed for some devices only: the others were told, and the redo skips them.",
+    ),
     counter("herald_outbox_events_total", "Outbox events finished, by status."),
     counter("herald_outbox_dead_total", "Outbox events given up after outbox.max_attempts."),
     counter("herald_outbox_redo_skipped_total", "Outbox retries skipped because the fan-out had already happened."),
