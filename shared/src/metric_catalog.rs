@@ -177,6 +177,10 @@ pub const METRICS: &[Metric] = &[
     counter("herald_reads_total", "Read positions committed."),
     counter("herald_read_fanout_errors_total", "Read positions committed but not pushed to devices."),
     counter("herald_delivered_positions_total", "Delivered positions moved forward in MySQL."),
+    counter(
+        "herald_delivered_held_total",
+        "Delivered positions held below a message whose fan-out has not finished.",
+    ),
     counter("herald_status_pushes_total", "Delivery status pushes published to gateway nodes."),
     counter("herald_status_errors_total", "Delivered positions committed whose senders' status could not be pushed."),
     counter(
