@@ -32,6 +32,7 @@ where
         }
         // Time the push waited for room in a full window is the device's, not the node's.
         let from = push.arrived.max(self.inflight.reopened());
+        self.recheck_follows(&push.frame).await;
         if !self.write(push.frame).await {
             return ControlFlow::Break(End::Gone);
         }
@@ -166,6 +167,7 @@ where
             let frame: Utf8Bytes = msg_frame(&m).into();
             if self.inflight.insert(m.id, now, &frame) {
                 self.backlog.pushed(m.id);
+                self.recheck_follows(&frame).await;
                 if !self.write(frame).await {
                     return Ok(());
                 }
@@ -202,7 +204,8 @@ where
                     let frame: Utf8Bytes = frame.clone().into();
                     self.inflight.insert(id, now, &frame);
                     self.backlog.pushed(id);
-                        if !self.write(frame).await {
+                    self.recheck_follows(&frame).await;
+                    if !self.write(frame).await {
                         // Gone or stalled: the session ends; the page stays pending.
                         return Ok(());
                     }

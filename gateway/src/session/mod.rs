@@ -207,6 +207,9 @@ pub struct Session<S> {
     /// Typing frames sent, per conversation (`gateway.typing_burst`): made at the
     /// device's first typing frame, so sessions that never send one do not carry it.
     typing_limit: Option<Box<TypingLimit>>,
+    /// The users the device asked to follow (`presence_subscribe`), checked again
+    /// against its contacts when a membership change reaches it.
+    presence_asked: Option<Box<Vec<String>>>,
     /// Sends, syncs and reads waiting for their answers; aborted with the session.
     requests: JoinSet<Option<ServerFrame>>,
     /// A write missed its deadline: the connection is given up.
@@ -284,6 +287,7 @@ where
             status: None,
             features: Features::default(),
             typing_limit: None,
+            presence_asked: None,
             requests: JoinSet::new(),
             stalled: false,
             expires: token::expiry(claims.exp),
