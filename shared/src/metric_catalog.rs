@@ -94,6 +94,10 @@ pub const METRICS: &[Metric] = &[
     ),
     counter("herald_ack_timeouts_total", "Unacked pushes past gateway.ack_timeout_ms (the client is pinged)."),
     counter("herald_half_open_closes_total", "Sessions closed as half-open (4000): no pong, or writes stalled."),
+    counter(
+        "herald_dead_gateways_swept_total",
+        "Dead gateway nodes whose presence entries this gateway cleared and whose users it announced offline.",
+    ),
     counter("herald_heartbeat_timeouts_total", "Sessions closed for missing heartbeats."),
     counter("herald_backlog_throttled_total", "Backlog pages delayed by the per-device or per-node backlog rate."),
     gauge(

@@ -3,7 +3,7 @@
 //! the older, here or on another node through a `kick`).
 
 use fred::prelude::*;
-use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
+use herald_shared::keys::{node_user, DeviceKey, Keys, PresenceValue};
 use herald_shared::protocol::{Kick, NodeEnvelope};
 use herald_shared::scripts;
 
@@ -35,6 +35,10 @@ impl Presence {
     /// the user has just come online: the device was not connected, and no other device
     /// of the user is (the count comes with the claim, no second read).
     pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<bool, Error> {
+        // The node's user set first: should the node die once the claim landed, the
+        // surviving gateways find the user there, clear its entry and announce it.
+        let users = keys.node_users(&self.value.node);
+        let _: i64 = redis.sadd(users, node_user(&self.device.tenant, &self.device.user)).await?;
         let (old, devices): (Option<String>, u64) =
             scripts::PRESENCE_SET.call(redis, vec![self.key.clone()], self.args()).await?;
         let Some(old) = old.as_deref().and_then(PresenceValue::parse) else { return Ok(devices == 1) };
@@ -60,6 +64,16 @@ impl Presence {
     pub async fn keep(&self, redis: &Client) -> bool {
         let set: Result<i64, _> = scripts::PRESENCE_KEEP.call(redis, vec![self.key.clone()], self.args()).await;
         matches!(set, Ok(1))
+    }
+
+    /// The user has no session on this node any more (its last one gave its entry up):
+    /// out of the node's user set. Best effort: a user left there is swept for nothing.
+    pub async fn leave_node(&self, redis: &Client, keys: &Keys) {
+        let users = keys.node_users(&self.value.node);
+        let left: Result<i64, _> = redis.srem(users, node_user(&self.device.tenant, &self.device.user)).await;
+        if let Err(e) = left {
+            tracing::debug!(error = %e, "not taken out of the node's user set");
+        }
     }
 
     /// Gives the entry up if it is still this session's: to `successor`, the device's
