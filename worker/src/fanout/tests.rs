@@ -2,9 +2,9 @@
 
 use fred::prelude::*;
 use herald_shared::keys::{Keys, PresenceValue};
-use herald_shared::protocol::NodeEnvelope;
+use herald_shared::protocol::{NodeEnvelope, TimelineEvent};
 
-use super::calls::CALL_ENTRIES;
+use super::calls::{calls, CALL_ENTRIES};
 use super::*;
 
 fn message(id: u64, seq: u64) -> Committed {
