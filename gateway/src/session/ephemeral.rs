@@ -113,7 +113,7 @@ where
         };
         let (tenant, user) = (self.claims.tid.clone(), self.claims.sub.clone());
         // Kept, to be checked again when a membership change reaches the device.
-        self.presence_asked = (!users.is_empty()).then(|| Box::new(users.clone()));
+        self.presence_asked = (!users.is_empty()).then(|| users.clone().into_boxed_slice());
         // Followed before the states are read: a change in between is shown after them.
         let states = match roster.contacts(&tenant, &user, &users).await {
             Ok(contacts) => {

@@ -209,7 +209,7 @@ pub struct Session<S> {
     typing_limit: Option<Box<TypingLimit>>,
     /// The users the device asked to follow (`presence_subscribe`), checked again
     /// against its contacts when a membership change reaches it.
-    presence_asked: Option<Box<Vec<String>>>,
+    presence_asked: Option<Box<[String]>>,
     /// Sends, syncs and reads waiting for their answers; aborted with the session.
     requests: JoinSet<Option<ServerFrame>>,
     /// A write missed its deadline: the connection is given up.
