@@ -32,7 +32,7 @@ LAYERS = {
         ["tls", "mailbox", "budget", "watchers"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status"],
         ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "notices", "typing", "roster"],
-        ["session"],
+        ["session", "liveness"],
         ["state"],
         ["api"],
         [""],

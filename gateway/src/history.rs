@@ -242,18 +242,27 @@ impl History {
 
 /// Up to `limit` rows, fewer when their bodies would pass `max_bytes` (never none):
 /// `more` says there is more either way.
+/// A page of `rows` (read with `limit + 1`), bounded by `max_bytes` of whole items as
+/// they go on the wire (a timeline event's member list counts, not only its body): one
+/// item at least, and over the budget by one item at most.
 fn page(rows: Vec<MySqlRow>, limit: u32, max_bytes: usize) -> ApiResult<Page> {
     let mut items = Vec::new();
     let mut bytes = 0;
     for r in rows.iter().take(limit as usize) {
         let m = message(r)?;
-        bytes += m.body.get().len();
+        bytes += wire_bytes(&m);
         if bytes > max_bytes && !items.is_empty() {
             return Ok(Page { items, more: true, joined_seq: None });
         }
         items.push(m);
     }
     Ok(Page { items, more: rows.len() > limit as usize, joined_seq: None })
+}
+
+/// What an item adds to a page's JSON: its body, its event and its other fields.
+fn wire_bytes(m: &Message) -> usize {
+    let event = m.event.as_ref().map_or(0, |e| serde_json::to_string(e).map_or(0, |e| e.len()));
+    m.body.get().len() + event + m.conv.len() + m.from.len() + m.cmid.len() + 160
 }
 
 /// A page size within 1..=max, `default` when absent.

@@ -32,6 +32,7 @@ pub mod history;
 pub mod ingress;
 pub mod limits;
 pub mod listener;
+pub mod liveness;
 pub mod mailbox;
 pub mod notices;
 pub mod recovery;
@@ -203,6 +204,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         session_tasks: TaskTracker::new(),
     }));
 
+    let liveness = liveness::NodeLiveness {
+        redis: redis.clone(),
+        keys: keys.clone(),
+        node: cfg.node_id.clone(),
+        heartbeat: Duration::from_millis(g.heartbeat_ms),
+        roster: state.roster.clone(),
+        sessions: directory.clone(),
+    };
+    process.spawn_supervised("liveness", Criticality::Background, move |c| liveness.clone().run(c));
     let registry = state.devices.clone();
     process.spawn_supervised("device_registrar", Criticality::Critical, move |c| registry.clone().run(c));
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));

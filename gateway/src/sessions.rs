@@ -1,7 +1,7 @@
 //! The directory of sessions held by this gateway node, one per device, and the way
 //! pushes, read positions and kicks from the node channel reach them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use herald_shared::protocol::{DeliveryStatus, ReadPosition};
@@ -20,6 +20,8 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<DeviceKey, Entry>>,
+    /// (tenant, user) -> its sessions here (locked after `sessions`).
+    users: Mutex<HashMap<(String, String), usize>>,
 }
 
 impl SessionRegistry {
@@ -29,20 +31,48 @@ impl SessionRegistry {
     pub fn register(&self, key: DeviceKey, session: String, queue: usize, ephemeral: usize) -> Arc<Mailbox> {
         let mailbox = Arc::new(Mailbox::new(queue, ephemeral));
         let entry = Entry { session, mailbox: mailbox.clone() };
-        if let Some(old) = self.sessions.lock().expect("sessions").insert(key, entry) {
-            old.mailbox.control(Control::Replaced);
+        let user = (key.tenant.clone(), key.user.clone());
+        let mut map = self.sessions.lock().expect("sessions");
+        match map.insert(key, entry) {
+            Some(old) => {
+                old.mailbox.control(Control::Replaced);
+            }
+            None => *self.users.lock().expect("users").entry(user).or_default() += 1,
         }
+        drop(map);
         metrics::gauge!("herald_gateway_sessions").increment(1.0);
         mailbox
     }
 
-    /// Removes the session if it is still the registered one for its device.
-    pub fn unregister(&self, key: &DeviceKey, session: &str) {
+    /// Removes the session if it is still the registered one for its device. True when
+    /// it was the last session of its user here.
+    pub fn unregister(&self, key: &DeviceKey, session: &str) -> bool {
         let mut map = self.sessions.lock().expect("sessions");
+        let mut last = false;
         if map.get(key).is_some_and(|e| e.session == session) {
             map.remove(key);
+            let mut users = self.users.lock().expect("users");
+            let user = (key.tenant.clone(), key.user.clone());
+            if let Some(n) = users.get_mut(&user) {
+                *n -= 1;
+                if *n == 0 {
+                    users.remove(&user);
+                    last = true;
+                }
+            }
         }
         metrics::gauge!("herald_gateway_sessions").decrement(1.0);
+        last
+    }
+
+    /// Whether `session` is the device's session here.
+    pub fn holds(&self, key: &DeviceKey, session: &str) -> bool {
+        self.sessions.lock().expect("sessions").get(key).is_some_and(|e| e.session == session)
+    }
+
+    /// The users with a session here.
+    pub fn users(&self) -> HashSet<(String, String)> {
+        self.users.lock().expect("users").keys().cloned().collect()
     }
 
     /// The session registered for the device here, other than `me`: the newer session

@@ -164,6 +164,28 @@ impl Keys {
         format!("{}:gw:{node}", self.prefix)
     }
 
+    /// STRING set by a live gateway node, expiring three of its heartbeats after its
+    /// last refresh: a node whose key is gone died.
+    pub fn node_live(&self, node: &str) -> String {
+        format!("{}:gw:live:{node}", self.prefix)
+    }
+
+    /// SET of the gateway nodes that announced themselves (and were not swept yet).
+    pub fn nodes(&self) -> String {
+        format!("{}:gw:nodes", self.prefix)
+    }
+
+    /// SET of the users ([`node_user`]) with a session on a gateway node: whose presence
+    /// to clear, and whom to announce offline, if the node dies.
+    pub fn node_users(&self, node: &str) -> String {
+        format!("{}:gw:users:{node}", self.prefix)
+    }
+
+    /// STRING held by the gateway sweeping a dead node's presence (one at a time).
+    pub fn node_sweep(&self, node: &str) -> String {
+        format!("{}:gw:sweep:{node}", self.prefix)
+    }
+
     pub fn lease(&self, name: &str) -> String {
         format!("{}:lease:{name}", self.prefix)
     }
@@ -181,6 +203,16 @@ impl Keys {
     pub fn replid(&self) -> String {
         format!("{}:replid", self.prefix)
     }
+}
+
+/// A user as a member of a node's user set ([`Keys::node_users`]): `[tenant, user]`.
+pub fn node_user(tenant: &str, user: &str) -> String {
+    serde_json::to_string(&(tenant, user)).expect("strings serialize")
+}
+
+/// The user a member of a node's user set names.
+pub fn parse_node_user(member: &str) -> Option<(String, String)> {
+    serde_json::from_str(member).ok()
 }
 
 /// The consumer group every worker reads the ingress streams with.

@@ -94,6 +94,10 @@ pub const METRICS: &[Metric] = &[
     ),
     counter("herald_ack_timeouts_total", "Unacked pushes past gateway.ack_timeout_ms (the client is pinged)."),
     counter("herald_half_open_closes_total", "Sessions closed as half-open (4000): no pong, or writes stalled."),
+    counter(
+        "herald_dead_gateways_swept_total",
+        "Dead gateway nodes whose presence entries this gateway cleared and whose users it announced offline.",
+    ),
     counter("herald_heartbeat_timeouts_total", "Sessions closed for missing heartbeats."),
     counter("herald_backlog_throttled_total", "Backlog pages delayed by the per-device or per-node backlog rate."),
     gauge(
@@ -164,6 +168,10 @@ pub const METRICS: &[Metric] = &[
     // Worker: fan-out, outbox, reads.
     counter("herald_fanout_messages_total", "Messages fanned out into pending sets."),
     counter("herald_fanout_errors_total", "Fan-outs that failed and were left to the outbox."),
+    counter(
+        "herald_fanout_partial_total",
+        "Fan-outs that failed for some devices only: the others were told, and the redo skips them.",
+    ),
     counter("herald_outbox_events_total", "Outbox events finished, by status."),
     counter("herald_outbox_dead_total", "Outbox events given up after outbox.max_attempts."),
     counter("herald_outbox_redo_skipped_total", "Outbox retries skipped because the fan-out had already happened."),
@@ -173,6 +181,10 @@ pub const METRICS: &[Metric] = &[
     counter("herald_reads_total", "Read positions committed."),
     counter("herald_read_fanout_errors_total", "Read positions committed but not pushed to devices."),
     counter("herald_delivered_positions_total", "Delivered positions moved forward in MySQL."),
+    counter(
+        "herald_delivered_held_total",
+        "Delivered positions held below a message whose fan-out has not finished.",
+    ),
     counter("herald_status_pushes_total", "Delivery status pushes published to gateway nodes."),
     counter("herald_status_errors_total", "Delivered positions committed whose senders' status could not be pushed."),
     counter(

@@ -72,6 +72,9 @@ scripts! {
     PRESENCE_KEEP = "presence_keep";
     /// Clears a device's presence if it is still this session's.
     PRESENCE_CLEAR = "presence_clear";
+    /// Drops presence entries that still name sessions of a gateway gone (or of its
+    /// previous life), reporting the devices still connected.
+    PRESENCE_DROP = "presence_drop";
     /// What bounds a device's watermark (oldest pending or overflowed id), if its set
     /// is trusted in this epoch.
     OLDEST_IF_TRUSTED = "oldest_if_trusted";
@@ -100,6 +103,6 @@ mod tests {
             assert!(s.source().contains("-- Returns:"), "{} does not state what it returns", s.name());
             assert!(hashes.insert(s.script().sha1().to_string()), "{}", s.name());
         }
-        assert_eq!(ALL.len(), 13);
+        assert_eq!(ALL.len(), 14);
     }
 }

@@ -34,6 +34,8 @@ struct Hit {
 struct Receiver {
     hits: Arc<Mutex<Vec<Hit>>>,
     script: Arc<Mutex<HashMap<String, Vec<u16>>>>,
+    /// Requests of these conversations are answered only after this long.
+    hold: Arc<Mutex<HashMap<String, Duration>>>,
 }
 
 impl Receiver {
@@ -76,10 +78,17 @@ async fn take(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> Sta
     let signed = verify(&headers, &body);
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let conv = body["conv"].as_str().unwrap_or_default().to_owned();
-    let mut hits = r.hits.lock().unwrap();
-    let nth = hits.iter().filter(|h| h.body["conv"] == conv.as_str()).count();
-    let answered = r.script.lock().unwrap().get(&conv).and_then(|s| s.get(nth).copied()).unwrap_or(200);
-    hits.push(Hit { body, signed, answered });
+    let answered = {
+        let mut hits = r.hits.lock().unwrap();
+        let nth = hits.iter().filter(|h| h.body["conv"] == conv.as_str()).count();
+        let answered = r.script.lock().unwrap().get(&conv).and_then(|s| s.get(nth).copied()).unwrap_or(200);
+        hits.push(Hit { body, signed, answered });
+        answered
+    };
+    let hold = r.hold.lock().unwrap().get(&conv).copied();
+    if let Some(hold) = hold {
+        tokio::time::sleep(hold).await;
+    }
     StatusCode::from_u16(answered).unwrap()
 }
 
@@ -303,6 +312,35 @@ async fn a_message_while_a_notification_waits_for_its_retry_joins_it() {
         eventually(Duration::from_secs(15), "the next notification", || async { hook.hits().get(2).cloned() }).await;
     assert_eq!((next.body["count"].clone(), next.body["attempt"].clone()), (json!(1), json!(1)), "{}", next.body);
     assert_ne!(next.body["id"], retry.body["id"], "a receiver deduplicating by id must not drop it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_joining_a_notification_in_flight_is_told_under_an_id_of_its_own() {
+    let (hook, addr) = Receiver::start(&[]).await;
+    // The first request is answered 200 after 3.5 s (within push.timeout_ms): the
+    // second message waits its 2 s and joins the row while the first is in flight.
+    hook.hold.lock().unwrap().insert("ab".into(), Duration::from_millis(3_500));
+    let c = cluster("push-follow-up", addr).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "b1").register_push("fcm", "bob-token").await.unwrap();
+    alice.send("m1", "ab", &json!({"text": "first"})).await.unwrap();
+    eventually(Duration::from_secs(15), "the first notification", || async { hook.hits().first().cloned() }).await;
+    let second = alice.send("m2", "ab", &json!({"text": "second"})).await.unwrap();
+    hook.hold.lock().unwrap().clear();
+
+    let follow_up =
+        eventually(Duration::from_secs(15), "the follow-up", || async { hook.hits().get(1).cloned() }).await;
+    let first = hook.hits()[0].clone();
+    assert_eq!(first.answered, 200, "the first notification was taken");
+    assert_eq!(follow_up.body["msg_id"], json!(second.id.to_string()), "{}", follow_up.body);
+    assert_eq!((follow_up.body["count"].clone(), follow_up.body["attempt"].clone()), (json!(1), json!(1)));
+    assert_ne!(
+        follow_up.body["id"], first.body["id"],
+        "the follow-up is another notification: a receiver deduplicating by id must not drop it"
+    );
+    settle().await;
+    assert_eq!(hook.hits().len(), 2, "one follow-up: {:?}", hook.hits());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

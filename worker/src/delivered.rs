@@ -8,8 +8,11 @@
 //! are told how far their latest such message got: one read of the members, counted in
 //! memory, and one `delivered` push per sender to the nodes holding its devices. The
 //! work is per batch and conversation, not per ack or per recipient.
+//!
+//! A position stays below the lowest `seq` of its conversation whose fan-out has not
+//! finished ([`unfinished`]): delivered means a device acked the message.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fred::prelude::*;
 use herald_shared::db::TextColumns;
@@ -82,10 +85,19 @@ impl DeliveredPositions {
             *seq = (*seq).max(e.seq);
         }
         let mut convs = self.read_members(&highest).await?;
+        let pairs: BTreeSet<(&str, &str)> = highest.keys().map(|(t, c, _)| (*t, *c)).collect();
+        let held = unfinished::lowest_unfinished(&self.db, &self.redis, &self.keys, &pairs).await?;
         // Only this shard's consumer moves these positions, so what was read is current.
         let mut moves: Vec<(&str, &str, &str, u64)> = Vec::new();
         for (&(tenant, conv, user), &seq) in &highest {
-            let Some(c) = convs.get_mut(&(tenant.to_owned(), conv.to_owned())) else { continue };
+            let key = (tenant.to_owned(), conv.to_owned());
+            // Below a message whose fan-out is unfinished: no device may have it yet.
+            let capped = held.get(&key).map_or(seq, |low| seq.min(low.saturating_sub(1)));
+            if capped < seq {
+                metrics::counter!("herald_delivered_held_total").increment(1);
+            }
+            let seq = capped;
+            let Some(c) = convs.get_mut(&key) else { continue };
             let Some(m) = c.members.iter_mut().find(|m| m.user == user && m.delivered_seq < seq) else { continue };
             let old = m.delivered_seq;
             (m.delivered_seq, m.has) = (seq, m.has.max(seq));
@@ -215,6 +227,8 @@ impl DeliveredPositions {
         Ok(())
     }
 }
+
+mod unfinished;
 
 #[cfg(test)]
 mod tests {

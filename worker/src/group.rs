@@ -300,7 +300,7 @@ impl FanoutStage {
                 Err(e) => {
                     metrics::counter!("herald_fanout_errors_total").increment(1);
                     for &event in &events {
-                        if let Err(db) = s.outbox.mark_failed(event, 0, &e.to_string()).await {
+                        if let Err(db) = s.outbox.mark_failed(event, 0, &e.to_string(), e.done()).await {
                             tracing::warn!(outbox = event, error = %db,
                                 "could not record the failed fan-out; the dispatcher will redo it");
                         }

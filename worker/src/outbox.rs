@@ -7,12 +7,14 @@
 //! them to SENT, FAILED (next backoff) or DEAD. `retry_count` counts failed attempts;
 //! after `max_attempts` failed retries the row is DEAD and waits for an operator.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use herald_shared::config::OutboxConfig;
 use herald_shared::db::TextColumns;
 use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::keys::DeviceKey;
 use serde::{Deserialize, Serialize};
 use sqlx::mysql::MySqlPool;
 use sqlx::{MySql, QueryBuilder, Row};
@@ -78,18 +80,32 @@ impl Outbox {
     }
 
     /// Records a failed attempt; `previous_failures` is the row's retry_count before it.
-    pub async fn mark_failed(&self, id: u64, previous_failures: u32, error: &str) -> Result<(), sqlx::Error> {
+    /// `done`: the devices that got their entries all the same, kept with the event so
+    /// that its redo skips them.
+    pub async fn mark_failed(
+        &self,
+        id: u64,
+        previous_failures: u32,
+        error: &str,
+        done: &[DeviceKey],
+    ) -> Result<(), sqlx::Error> {
         let failures = previous_failures + 1;
         let now = now_ms();
         let (status, next) =
             if failures > self.cfg.max_attempts { ("DEAD", now) } else { ("FAILED", now + self.backoff_ms(failures)) };
         let error: String = error.chars().take(500).collect();
-        sqlx::query("UPDATE outbox_events SET status = ?, retry_count = ?, next_retry_at = ?, claimed_at = NULL, last_error = ?, updated_at = ? WHERE id = ?")
+        let done: String = done.iter().map(|d| serde_json::to_string(d).expect("serializes") + "\n").collect();
+        sqlx::query(
+            "UPDATE outbox_events SET status = ?, retry_count = ?, next_retry_at = ?, claimed_at = NULL, last_error = ?, \
+             updated_at = ?, done_devices = IF(? = '', done_devices, CONCAT(COALESCE(done_devices, ''), ?)) WHERE id = ?",
+        )
             .bind(status)
             .bind(failures)
             .bind(next as i64)
             .bind(&error)
             .bind(now as i64)
+            .bind(&done)
+            .bind(&done)
             .bind(id)
             .execute(&self.db)
             .await?;
@@ -103,12 +119,13 @@ impl Outbox {
         Ok(())
     }
 
-    /// Claims due rows: PENDING/FAILED past their time, and SENDING rows gone stale.
-    async fn claim(&self) -> Result<Vec<(u64, u32, Payload)>, sqlx::Error> {
+    /// Claims due rows: PENDING/FAILED past their time, and SENDING rows gone stale; each
+    /// with the devices an earlier attempt gave their entries.
+    async fn claim(&self) -> Result<Vec<Claimed>, sqlx::Error> {
         let now = now_ms() as i64;
         let mut tx = self.db.begin().await?;
         let rows = sqlx::query(
-            "SELECT id, retry_count, payload FROM outbox_events \
+            "SELECT id, retry_count, payload, done_devices FROM outbox_events \
              WHERE (status IN ('PENDING', 'FAILED') AND next_retry_at <= ?) OR (status = 'SENDING' AND claimed_at < ?) \
              ORDER BY next_retry_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
         )
@@ -121,13 +138,14 @@ impl Outbox {
         for r in &rows {
             let payload: String = r.text(2)?;
             let payload = serde_json::from_str(&payload).unwrap_or(Payload { ids: Vec::new() });
-            claimed.push((r.try_get::<u64, _>(0)?, r.try_get::<u32, _>(1)?, payload));
+            let done = done_devices(r.opt_text(3)?.as_deref().unwrap_or(""));
+            claimed.push((r.try_get::<u64, _>(0)?, r.try_get::<u32, _>(1)?, payload, done));
         }
         if !claimed.is_empty() {
             let mut q = QueryBuilder::<MySql>::new("UPDATE outbox_events SET status = 'SENDING', claimed_at = ");
             q.push_bind(now).push(", updated_at = ").push_bind(now).push(" WHERE id IN (");
             let mut sep = q.separated(", ");
-            for (id, _, _) in &claimed {
+            for (id, _, _, _) in &claimed {
                 sep.push_bind(*id);
             }
             q.push(")");
@@ -223,6 +241,15 @@ impl Outbox {
     }
 }
 
+/// A claimed event: id, failed attempts, payload, the devices already done.
+type Claimed = (u64, u32, Payload, HashSet<DeviceKey>);
+
+/// The `done_devices` column: a JSON device key a line (an unreadable line is skipped:
+/// that device gets its entries again, a repeat and never a loss).
+fn done_devices(text: &str) -> HashSet<DeviceKey> {
+    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
 fn row_to_event(r: &sqlx::mysql::MySqlRow) -> Result<OutboxEvent, sqlx::Error> {
     let payload: String = r.text(9)?;
     Ok(OutboxEvent {
@@ -284,7 +311,7 @@ impl OutboxDispatcher {
         loop {
             let claimed = self.outbox.claim().await?;
             let full = claimed.len() as u32 >= self.outbox.cfg.claim_batch;
-            for (id, failures, payload) in claimed {
+            for (id, failures, payload, done) in claimed {
                 // A fan-out that finished (its SENT mark was lost) is not done again: its
                 // devices may have acked since, and acked ids never come back.
                 if self.fanout.is_done(id).await.unwrap_or(false) {
@@ -293,12 +320,14 @@ impl OutboxDispatcher {
                     continue;
                 }
                 let result = match self.fanout.load(&payload.ids).await {
-                    Ok(msgs) => self.fanout.deliver(&msgs, id).await.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                    Ok(msgs) => {
+                        self.fanout.deliver(&msgs, id, &done).await.map_err(|e| (e.to_string(), e.done().to_vec()))
+                    }
+                    Err(e) => Err((e.to_string(), Vec::new())),
                 };
                 match result {
                     Ok(()) => self.outbox.mark_sent(&[id]).await?,
-                    Err(e) => self.outbox.mark_failed(id, failures, &e).await?,
+                    Err((e, done)) => self.outbox.mark_failed(id, failures, &e, &done).await?,
                 }
             }
             if !full {

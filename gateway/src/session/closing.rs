@@ -45,7 +45,7 @@ where
             // Bounded: a stalled peer does not get the write deadline again.
             let _ = tokio::time::timeout(Duration::from_secs(2), self.socket.send(close)).await;
         }
-        directory.unregister(&self.device, &self.id);
+        let last_of_user = directory.unregister(&self.device, &self.id);
         if let Err(e) = self.flush_acks().await {
             tracing::warn!(error = %e, "final acks could not be recorded yet; the node retries them");
             self.leave_acks();
@@ -55,6 +55,9 @@ where
         let successor = directory.successor(&self.device, &self.id);
         if self.presence.give_up(self.env.redis.next(), successor.as_deref()).await {
             self.env.roster.disconnected(&self.device.tenant, &self.device.user).await;
+        }
+        if last_of_user {
+            self.presence.leave_node(self.env.redis.next(), &self.env.keys).await;
         }
     }
 }

@@ -32,6 +32,7 @@ where
         }
         // Time the push waited for room in a full window is the device's, not the node's.
         let from = push.arrived.max(self.inflight.reopened());
+        self.recheck_follows(&push.frame).await;
         if !self.write(push.frame).await {
             return ControlFlow::Break(End::Gone);
         }
@@ -45,7 +46,13 @@ where
     pub(super) async fn read_backlog(&mut self) -> Flow {
         // Bounded, so a band that keeps changing cannot hold the loop.
         for _ in 0..8 {
-            match self.read_backlog_once().await {
+            let read = self.read_backlog_once().await;
+            if self.stalled {
+                // A page write missed its deadline: the session ends now, not after a
+                // deadline per frame of the page.
+                return ControlFlow::Break(super::half_open());
+            }
+            match read {
                 ControlFlow::Continue(true) => continue,
                 ControlFlow::Continue(false) => return ControlFlow::Continue(()),
                 ControlFlow::Break(end) => return ControlFlow::Break(end),
@@ -160,7 +167,10 @@ where
             let frame: Utf8Bytes = msg_frame(&m).into();
             if self.inflight.insert(m.id, now, &frame) {
                 self.backlog.pushed(m.id);
-                self.write(frame).await;
+                self.recheck_follows(&frame).await;
+                if !self.write(frame).await {
+                    return Ok(());
+                }
                 metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
             }
         }
@@ -194,7 +204,11 @@ where
                     let frame: Utf8Bytes = frame.clone().into();
                     self.inflight.insert(id, now, &frame);
                     self.backlog.pushed(id);
-                    self.write(frame).await;
+                    self.recheck_follows(&frame).await;
+                    if !self.write(frame).await {
+                        // Gone or stalled: the session ends; the page stays pending.
+                        return Ok(());
+                    }
                     metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
                 }
                 None => {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use axum::extract::ws::Message;
+use axum::extract::ws::{Message, Utf8Bytes};
 use futures::{Sink, Stream};
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{ErrorFrame, PresenceSubscribeFrame, TypingFrame};
@@ -112,6 +112,8 @@ where
             }
         };
         let (tenant, user) = (self.claims.tid.clone(), self.claims.sub.clone());
+        // Kept, to be checked again when a membership change reaches the device.
+        self.presence_asked = (!users.is_empty()).then(|| users.clone().into_boxed_slice());
         // Followed before the states are read: a change in between is shown after them.
         let states = match roster.contacts(&tenant, &user, &users).await {
             Ok(contacts) => {
@@ -131,6 +133,22 @@ where
             }
         }
         ControlFlow::Continue(())
+    }
+
+    /// A frame written to the device was a membership change (a `member_added`,
+    /// `member_removed` or `member_left` event): the users it follows are its contacts
+    /// again, checked now, so a user who no longer shares a conversation with it stops
+    /// being shown and one who came to share one starts. Only sessions that follow
+    /// someone pay for it, one query per membership change they receive.
+    pub(super) async fn recheck_follows(&mut self, frame: &Utf8Bytes) {
+        let Some(asked) = self.presence_asked.as_deref() else { return };
+        if !frame.as_str().contains(r#""type":"member_"#) {
+            return;
+        }
+        match self.env.roster.contacts(&self.claims.tid, &self.claims.sub, asked).await {
+            Ok(contacts) => self.env.watchers.follow(&self.device, &self.id, contacts),
+            Err(e) => tracing::debug!(error = %e.message, "presence follows not checked again"),
+        }
     }
 
     /// A typing or presence frame for this device: written if the session asked for

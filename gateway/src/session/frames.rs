@@ -75,8 +75,13 @@ where
     }
 
     /// Every write has a deadline: a peer that stops reading (a half-open connection
-    /// whose buffers filled) must not hold the session, and its slots, forever.
+    /// whose buffers filled) must not hold the session, and its slots, forever. Once
+    /// one write missed it, the session is over: later writes (the rest of a backlog
+    /// page, answers) fail at once instead of waiting a deadline each.
     pub(super) async fn send_message(&mut self, m: Message) -> bool {
+        if self.stalled {
+            return false;
+        }
         let deadline = Duration::from_millis(self.env.cfg.gateway.write_timeout_ms);
         match tokio::time::timeout(deadline, self.socket.send(m)).await {
             Ok(sent) => sent.is_ok(),

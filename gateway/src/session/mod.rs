@@ -227,6 +227,9 @@ pub struct Session<S> {
     /// Typing frames sent, per conversation (`gateway.typing_burst`): made at the
     /// device's first typing frame, so sessions that never send one do not carry it.
     typing_limit: Option<Box<TypingLimit>>,
+    /// The users the device asked to follow (`presence_subscribe`), checked again
+    /// against its contacts when a membership change reaches it.
+    presence_asked: Option<Box<[String]>>,
     /// Sends, syncs and reads waiting for their answers; aborted with the session.
     requests: JoinSet<Option<ServerFrame>>,
     /// A write missed its deadline: the connection is given up.
@@ -306,6 +309,7 @@ where
             status: None,
             features: Features::default(),
             typing_limit: None,
+            presence_asked: None,
             requests: JoinSet::new(),
             stalled: false,
             expires: token::expiry(claims.exp),
@@ -385,8 +389,7 @@ where
                 return end;
             }
             if self.stalled {
-                metrics::counter!("herald_half_open_closes_total").increment(1);
-                return End::Close(CloseCode::HeartbeatTimeout, "writes stalled: half-open");
+                return half_open();
             }
         }
     }
@@ -405,4 +408,10 @@ where
             }
         }
     }
+}
+
+/// How a session whose writes stalled (a write missed `gateway.write_timeout_ms`) ends.
+fn half_open() -> End {
+    metrics::counter!("herald_half_open_closes_total").increment(1);
+    End::Close(CloseCode::HeartbeatTimeout, "writes stalled: half-open")
 }

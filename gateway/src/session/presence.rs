@@ -5,7 +5,7 @@
 //! with a lower epoch than the device's last claim replaces nothing.
 
 use fred::prelude::*;
-use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
+use herald_shared::keys::{node_user, DeviceKey, Keys, PresenceValue};
 use herald_shared::protocol::{Kick, NodeEnvelope};
 use herald_shared::scripts;
 
@@ -72,6 +72,10 @@ impl Presence {
     /// when this session registered. The count of the user's connected devices comes
     /// with the claim, no second read.
     pub async fn claim(&self, redis: &Client, keys: &Keys) -> Result<Claim, Error> {
+        // The node's user set first: should the node die once the claim landed, the
+        // surviving gateways find the user there, clear its entry and announce it.
+        let users = keys.node_users(&self.value.node);
+        let _: i64 = redis.sadd(users, node_user(&self.device.tenant, &self.device.user)).await?;
         let (old, devices, claimed): (Option<String>, u64, u8) =
             scripts::PRESENCE_SET.call(redis, self.keys(keys), self.args()).await?;
         if claimed == 0 {
@@ -104,6 +108,16 @@ impl Presence {
             Ok(1) => Kept::SetAgain,
             Ok(2) => Kept::Superseded,
             _ => Kept::Held,
+        }
+    }
+
+    /// The user has no session on this node any more (its last one gave its entry up):
+    /// out of the node's user set. Best effort: a user left there is swept for nothing.
+    pub async fn leave_node(&self, redis: &Client, keys: &Keys) {
+        let users = keys.node_users(&self.value.node);
+        let left: Result<i64, _> = redis.srem(users, node_user(&self.device.tenant, &self.device.user)).await;
+        if let Err(e) = left {
+            tracing::debug!(error = %e, "not taken out of the node's user set");
         }
     }
 

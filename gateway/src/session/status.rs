@@ -31,10 +31,16 @@ struct MsgHead<'a> {
     from: Cow<'a, str>,
 }
 
-/// The highest `seq` acked per conversation since the last report.
+/// The highest `seq` acked per conversation in this session, and which moved since the
+/// last report. A report carries the session's highest, not only what moved since: a
+/// worker holds a position below a message whose fan-out is being retried, and when
+/// that message arrives and is acked, the report must carry the later ones acked before
+/// it too.
 #[derive(Debug, Default)]
 pub struct DeliveredMarks {
-    by_conv: HashMap<String, u64>,
+    /// conversation -> (highest seq acked, moved since the last report)
+    by_conv: HashMap<String, (u64, bool)>,
+    moved: usize,
 }
 
 impl DeliveredMarks {
@@ -45,21 +51,32 @@ impl DeliveredMarks {
         if head.from == user {
             return;
         }
-        match self.by_conv.get_mut(head.conv.as_ref()) {
-            Some(seq) => *seq = (*seq).max(head.seq),
-            None => {
-                self.by_conv.insert(head.conv.into_owned(), head.seq);
-            }
+        let entry = match self.by_conv.get_mut(head.conv.as_ref()) {
+            Some(entry) => entry,
+            None => self.by_conv.entry(head.conv.into_owned()).or_insert((head.seq, false)),
+        };
+        entry.0 = entry.0.max(head.seq);
+        if !entry.1 {
+            entry.1 = true;
+            self.moved += 1;
         }
     }
 
-    /// Everything noted, once; the map's memory goes with it.
+    /// The conversations acked in since the last report, each with the highest `seq`
+    /// acked in this session.
     pub fn take(&mut self) -> HashMap<String, u64> {
-        std::mem::take(&mut self.by_conv)
+        let mut out = HashMap::with_capacity(self.moved);
+        for (conv, (seq, moved)) in self.by_conv.iter_mut() {
+            if std::mem::take(moved) {
+                out.insert(conv.clone(), *seq);
+            }
+        }
+        self.moved = 0;
+        out
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_conv.is_empty()
+        self.moved == 0
     }
 }
 
@@ -197,6 +214,9 @@ mod tests {
         assert_eq!(taken.get("ab"), Some(&3), "the highest, and not the user's own message");
         assert_eq!(taken.get("g"), Some(&5));
         assert!(m.is_empty());
+        // An older message acked later (its fan-out was retried) reports the highest.
+        m.note(&frame("ab", 1, "bob"), "alice");
+        assert_eq!(m.take(), HashMap::from([("ab".to_string(), 3)]), "only the conversation acked in");
     }
 
     #[tokio::test(start_paused = true)]

@@ -308,9 +308,17 @@ impl GatewayConfig {
     }
 
     /// The largest text frame the gateway writes: a history page over its byte budget by
-    /// at most one message, with each message's fields around its body.
+    /// at most one item, with each item's fields around its body.
     pub fn largest_frame_bytes(&self) -> usize {
-        self.history_page_bytes + self.max_body_bytes * 2 + 64 * 1024
+        self.history_page_bytes + self.largest_item_bytes() + 64 * 1024
+    }
+
+    /// The largest message or timeline event one item of a page (or one `msg` frame)
+    /// can hold: a body of `max_body_bytes` (escaped, twice that at most), or a
+    /// membership event naming a group's largest member list (user ids are printable
+    /// ASCII up to 64 characters: 131 bytes each at most, quoted and escaped).
+    pub fn largest_item_bytes(&self) -> usize {
+        (self.max_body_bytes * 2).max(self.max_group_size * 131)
     }
 }
 

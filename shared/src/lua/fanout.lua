@@ -5,10 +5,15 @@
 -- ("low high", fixed-width ids) to cover them: the device reads that band from MySQL
 -- before its pending set (the gateway's backlog pager).
 --
+-- A device whose entries cannot be written (its key holds another type) is reported
+-- and the others still get theirs: a redo of the fan-out skips the devices that got
+-- their entries, so ids they acked meanwhile are not put back.
+--
 -- KEYS: per user: presence, overflow, then the pending set of each of its devices.
 -- ARGV: cap, users, then per user: its number of devices n, then per device:
 --       device id, count, count x (score, member).
--- Returns: per user, an array: device 1, presence of device 1 (or false), ...
+-- Returns: per user, an array: device 1, presence of device 1 (or false), 1 when its
+-- entries were written (else 0), device 2, ...
 local cap = tonumber(ARGV[1])
 local users = tonumber(ARGV[2])
 local pos = 3
@@ -27,6 +32,7 @@ for u = 1, users do
     k = k + 1
     local key = KEYS[k]
     local j = 0
+    local written = 1
     while j < count do
       local args = {}
       local chunk = math.min(count - j, 500)
@@ -35,10 +41,16 @@ for u = 1, users do
         args[#args + 1] = ARGV[pos + 1]
         pos = pos + 2
       end
-      redis.call('ZADD', key, unpack(args))
+      local added = redis.pcall('ZADD', key, unpack(args))
+      if type(added) == 'table' and added.err then
+        written = 0
+      end
       j = j + chunk
     end
-    local card = redis.call('ZCARD', key)
+    local card = 0
+    if written == 1 then
+      card = redis.call('ZCARD', key)
+    end
     if card > cap then
       local dropped = redis.call('ZRANGE', key, 0, card - cap - 1)
       redis.call('ZREMRANGEBYRANK', key, 0, card - cap - 1)
@@ -56,6 +68,7 @@ for u = 1, users do
     end
     out[#out + 1] = dev
     out[#out + 1] = redis.call('HGET', presence, dev)
+    out[#out + 1] = written
   end
   all[#all + 1] = out
 end

@@ -7,24 +7,25 @@
 //! devices get one PUBLISH per node carrying the frames. Two pipelines: the frames and
 //! pending entries, then the PUBLISHes with the markers of the finished outbox events
 //! (only once every pending entry is written). Fan-out is idempotent, so the outbox may
-//! run it again after a partial failure.
+//! run it again after a failure.
+//!
+//! A fan-out that failed for some devices (their entries could not be written) still
+//! publishes to the others, and names the devices that got their entries: the outbox
+//! keeps them with the event and its redo skips them, so an id one of them acked in
+//! between is not put back (docs/architecture.md section 3, "Acked ids stay acked").
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use fred::prelude::*;
-use fred::types::{ClusterHash, CustomCommand};
-use herald_shared::db::TextColumns;
 use herald_shared::ids::MsgId;
-use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
-use herald_shared::protocol::{Delivery, NodeEnvelope, TimelineEvent};
+use herald_shared::keys::{DeviceKey, Keys};
+use herald_shared::protocol::{Delivery, NodeEnvelope};
 use herald_shared::scripts;
 use serde_json::value::RawValue;
 use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, QueryBuilder, Row};
 use tokio::sync::mpsc;
 
-use crate::batch::{live_since, push_pairs, Committed, PushCandidate, Recipient};
-use calls::calls;
+use crate::batch::{Committed, PushCandidate, Recipient};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FanoutError {
@@ -34,6 +35,18 @@ pub enum FanoutError {
     Redis(#[from] fred::error::Error),
     #[error("stored message {0} has a body that is not JSON")]
     Corrupt(MsgId),
+    #[error("the pending entries of {failed} device(s) could not be written (the others were)")]
+    Partial { failed: usize, done: Vec<DeviceKey> },
+}
+
+impl FanoutError {
+    /// The devices that got their entries although the fan-out failed.
+    pub fn done(&self) -> &[DeviceKey] {
+        match self {
+            FanoutError::Partial { done, .. } => done,
+            _ => &[],
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -87,74 +100,15 @@ impl Fanout {
         Ok(n == 1)
     }
 
-    /// Reads committed messages back from MySQL (for the outbox dispatcher).
-    pub async fn load(&self, ids: &[MsgId]) -> Result<Vec<Committed>, sqlx::Error> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut q = QueryBuilder::<MySql>::new(
-            "SELECT id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at, event FROM messages WHERE id IN (",
-        );
-        let mut sep = q.separated(", ");
-        for id in ids {
-            sep.push_bind(id.0);
-        }
-        q.push(") ORDER BY id");
-        let rows = q.build().fetch_all(&self.db).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Committed {
-                    id: MsgId(r.try_get::<u64, _>(0)?),
-                    tenant: r.text(1)?,
-                    conv: r.text(2)?,
-                    seq: r.try_get(3)?,
-                    sender: r.text(4)?,
-                    sender_device: r.text(5)?,
-                    cmid: r.text(6)?,
-                    body: r.text(7)?,
-                    ts: r.try_get::<i64, _>(8)? as u64,
-                    event: r.opt_text(9)?.map(|e| serde_json::from_str(&e).unwrap_or(TimelineEvent::Unknown)),
-                })
-            })
-            .collect()
-    }
-
-    /// Every member device of the conversations of `msgs`, with the member's range.
-    async fn recipients(&self, msgs: &[Committed]) -> Result<Vec<Recipient>, sqlx::Error> {
-        let mut pairs: Vec<(&str, &str)> = msgs.iter().map(|m| (m.tenant.as_str(), m.conv.as_str())).collect();
-        pairs.sort();
-        pairs.dedup();
-        let mut q = QueryBuilder::<MySql>::new(
-            "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, d.device_id, d.push_token IS NOT NULL FROM members m \
-             JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
-             AND d.expired_at IS NULL AND d.last_seen_at >= ",
-        );
-        q.push_bind(live_since(self.device_ttl_ms)).push(" WHERE ");
-        push_pairs(&mut q, "m.tenant_id", "m.conv_id", &pairs);
-        let rows = q.build().fetch_all(&self.db).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Recipient {
-                    tenant: r.text(0)?,
-                    conv: r.text(1)?,
-                    user: r.text(2)?,
-                    joined_seq: r.try_get(3)?,
-                    left_seq: r.try_get(4)?,
-                    device: r.text(5)?,
-                    push: r.try_get::<i64, _>(6)? == 1,
-                })
-            })
-            .collect()
-    }
-
     /// Fans out the messages of outbox event `event`, read back from MySQL, looking up
-    /// their recipients.
-    pub async fn deliver(&self, msgs: &[Committed], event: u64) -> Result<(), FanoutError> {
+    /// their recipients, except to the devices `done` (they got their entries from an
+    /// earlier attempt).
+    pub async fn deliver(&self, msgs: &[Committed], event: u64, done: &HashSet<DeviceKey>) -> Result<(), FanoutError> {
         if msgs.is_empty() {
             return Ok(());
         }
         let recipients = self.recipients(msgs).await?;
-        self.deliver_to(&[(msgs, &recipients)], &[event]).await
+        self.deliver_except(&[(msgs, &recipients)], &[event], done).await
     }
 
     /// Fans out groups of committed messages, each to the member devices its commit read
@@ -163,6 +117,18 @@ impl Fanout {
     /// went stale) does not put back pending entries their devices already acked.
     /// Remembering is best effort: forgetting costs a repeat, never a loss.
     pub async fn deliver_to(&self, groups: &[(&[Committed], &[Recipient])], events: &[u64]) -> Result<(), FanoutError> {
+        self.deliver_except(groups, events, &HashSet::new()).await
+    }
+
+    /// [`Fanout::deliver_to`] except to the devices `done`. When some devices' entries
+    /// cannot be written, the others are still published to and handed to push, the
+    /// events are not remembered as finished, and the error names the devices done.
+    async fn deliver_except(
+        &self,
+        groups: &[(&[Committed], &[Recipient])],
+        events: &[u64],
+        done: &HashSet<DeviceKey>,
+    ) -> Result<(), FanoutError> {
         let msgs: Vec<&Committed> = groups.iter().flat_map(|(msgs, _)| msgs.iter()).collect();
         if msgs.is_empty() {
             return Ok(());
@@ -180,7 +146,8 @@ impl Fanout {
             for m in group.iter() {
                 frames.insert(m.id, m.frame().ok_or(FanoutError::Corrupt(m.id))?);
                 for r in by_conv.get(&(m.tenant.as_str(), m.conv.as_str())).into_iter().flatten() {
-                    if r.receives(m.seq) && !m.skips(&r.user, &r.device) {
+                    let skipped = !done.is_empty() && done.contains(&DeviceKey::new(&*r.tenant, &*r.user, &*r.device));
+                    if r.receives(m.seq) && !m.skips(&r.user, &r.device) && !skipped {
                         // Nobody is notified of their own messages (sent from another
                         // device), nor of timeline events.
                         if r.push && r.user != m.sender && m.event.is_none() && self.push.is_some() {
@@ -213,21 +180,34 @@ impl Fanout {
             other => other?,
         };
 
-        // Online devices, grouped by the node that holds them.
+        // Online devices, grouped by the node that holds them; the devices whose
+        // entries were written, and how many were not.
         let mut by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceKey>>> = BTreeMap::new();
-        for (((tenant, user), plan), online) in plans.iter().zip(results) {
-            for (device, node) in online {
-                let Some(ids) = plan.get(&device) else {
+        let (mut written, mut failed) = (Vec::new(), 0);
+        for (((tenant, user), plan), devices) in plans.iter().zip(results) {
+            for device in devices {
+                if !device.written {
+                    failed += 1;
                     continue;
-                };
-                for id in ids {
-                    by_node.entry(node.clone()).or_default().entry(*id).or_default().push(DeviceKey::new(
-                        tenant.as_str(),
-                        user.as_str(),
-                        device.as_str(),
-                    ));
                 }
+                let key = DeviceKey::new(tenant.as_str(), user.as_str(), device.device.as_str());
+                if let (Some(node), Some(ids)) = (device.node, plan.get(&device.device)) {
+                    for id in ids {
+                        by_node.entry(node.clone()).or_default().entry(*id).or_default().push(key.clone());
+                    }
+                }
+                written.push(key);
             }
+        }
+        if failed > 0 {
+            // Those written are told now (their entries are there); the events stay
+            // unfinished for the outbox, which skips these devices when it redoes them.
+            let written_set: HashSet<&DeviceKey> = written.iter().collect();
+            push.retain(|c| written_set.contains(&DeviceKey::new(&*c.tenant, &*c.user, &*c.device)));
+            self.publish(client, by_node, &frames, &[]).await?;
+            self.hand_to_push(push);
+            metrics::counter!("herald_fanout_partial_total").increment(1);
+            return Err(FanoutError::Partial { failed, done: written });
         }
         self.publish(client, by_node, &frames, events).await?;
         metrics::counter!("herald_fanout_messages_total").increment(msgs.len() as u64);
@@ -297,100 +277,10 @@ impl Fanout {
         }
         Ok(())
     }
-
-    /// Stores frames and pending entries; returns, per user plan, the online devices
-    /// and their nodes. The users go in a few script calls (see [`calls`]), not one each.
-    async fn write(
-        &self,
-        client: &Client,
-        msgs: &[&Committed],
-        frames: &HashMap<MsgId, String>,
-        plans: &BTreeMap<(String, String), UserPlan>,
-    ) -> Result<Vec<Vec<(String, String)>>, fred::error::Error> {
-        let pipe = client.pipeline();
-        // An edit's frame carries text a later recall must take back from everyone:
-        // it is not kept here, and devices that owe it read it from MySQL, as it is now.
-        let cached: Vec<&&Committed> =
-            msgs.iter().filter(|m| !matches!(m.event, Some(TimelineEvent::Edited { .. }))).collect();
-        for m in &cached {
-            let _: () = pipe
-                .set(
-                    self.keys.message(m.id),
-                    frames[&m.id].as_str(),
-                    Some(Expiration::EX(self.message_ttl_s)),
-                    None,
-                    false,
-                )
-                .await?;
-        }
-        // A recall or edit drops its message's stored frame (after it was written, in
-        // commit order): devices that still owe it read it from MySQL, as it is now.
-        let stale: Vec<MsgId> = msgs.iter().filter_map(|m| m.event.as_ref()?.target()).collect();
-        for id in &stale {
-            let _: () = pipe.del(self.keys.message(*id)).await?;
-        }
-        let plans: Vec<(&(String, String), &UserPlan)> = plans.iter().collect();
-        let calls = calls(&self.keys, &plans, client.is_clustered());
-        for call in &calls {
-            let mut keys: Vec<Value> = Vec::new();
-            let mut args: Vec<Value> = vec![self.pending_cap.to_string().into(), call.len().to_string().into()];
-            for &i in call {
-                let ((tenant, user), plan) = plans[i];
-                keys.push(self.keys.presence(tenant, user).into());
-                keys.push(self.keys.overflow(tenant, user).into());
-                args.push(plan.len().to_string().into());
-                for (device, ids) in plan {
-                    keys.push(self.keys.pending(tenant, user, device).into());
-                    args.push(device.as_str().into());
-                    args.push(ids.len().to_string().into());
-                    for id in ids {
-                        args.push(id.score().into());
-                        args.push(id.member().into());
-                    }
-                }
-            }
-            // EVALSHA through `custom`: pipelines have no Lua interface. The slot is
-            // the first key's (offset 2: sha, numkeys, key...).
-            let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-            command.push(scripts::FANOUT.script().sha1().clone().into());
-            command.push((keys.len() as i64).into());
-            command.extend(keys);
-            command.extend(args);
-            let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), command).await?;
-        }
-        let results = pipe.try_all::<Value>().await;
-        // A pipeline that failed as a whole answers with fewer results than commands:
-        // that is a failed fan-out (retried by the outbox), never a partial success.
-        if results.len() != cached.len() + stale.len() + calls.len() {
-            let first_error = results.into_iter().find_map(Result::err);
-            return Err(first_error.unwrap_or_else(|| {
-                fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out pipeline answered short")
-            }));
-        }
-        let mut results = results.into_iter();
-        for _ in 0..cached.len() + stale.len() {
-            results.next().transpose()?;
-        }
-        let mut online = vec![Vec::new(); plans.len()];
-        for (call, r) in calls.iter().zip(results) {
-            let per_user = r?.into_array();
-            if per_user.len() != call.len() {
-                return Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out script answered short"));
-            }
-            for (&i, user) in call.iter().zip(per_user) {
-                for pair in user.into_array().chunks(2) {
-                    if let [dev, Value::String(presence)] = pair {
-                        if let (Some(dev), Some(p)) = (dev.as_string(), PresenceValue::parse(presence)) {
-                            online[i].push((dev, p.node));
-                        }
-                    }
-                }
-            }
-        }
-        Ok(online)
-    }
 }
 
 mod calls;
+mod reads;
 #[cfg(test)]
 mod tests;
+mod write;

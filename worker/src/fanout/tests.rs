@@ -2,9 +2,9 @@
 
 use fred::prelude::*;
 use herald_shared::keys::{Keys, PresenceValue};
-use herald_shared::protocol::NodeEnvelope;
+use herald_shared::protocol::{NodeEnvelope, TimelineEvent};
 
-use super::calls::CALL_ENTRIES;
+use super::calls::{calls, CALL_ENTRIES};
 use super::*;
 
 fn message(id: u64, seq: u64) -> Committed {
@@ -113,6 +113,38 @@ async fn an_event_reaches_its_actors_device_and_a_recall_drops_its_targets_frame
     let stored = frame(2_002).await.unwrap();
     assert!(stored.contains(r#""event":{"type":"recalled","target":"2001","target_seq":1}"#), "{stored}");
     assert!(pushed.try_recv().is_err(), "no push notification for an event");
+}
+
+/// A device whose pending key cannot take entries fails the fan-out for itself only:
+/// the others get their entries and their push, the error names them, the event is not
+/// remembered as finished, and a redo that skips them writes only the failed device's.
+#[tokio::test]
+async fn a_fan_out_failing_for_one_device_names_the_devices_done() {
+    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
+    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000);
+    let _: () = redis.next().set(keys.pending("t", "bob", "b1"), "not a set", None, None, false).await.unwrap();
+    let msg = [message(3_001, 1)];
+    let members = [member("alice", "a1"), member("bob", "b1"), member("carol", "p1")];
+    let e = fanout.deliver_to(&[(&msg, &members)], &[91]).await.expect_err("bob's entries cannot be written");
+    assert_eq!(e.done(), [DeviceKey::new("t", "carol", "p1")], "{e}");
+    assert!(!fanout.is_done(91).await.unwrap(), "not remembered as finished");
+    let pending = |user: &str, device: &str| {
+        let (redis, key) = (redis.next().clone(), keys.pending("t", user, device));
+        async move { redis.zrange::<Vec<String>, _, _, _>(key, 0, -1, None, false, None, false).await.unwrap() }
+    };
+    assert_eq!(pending("carol", "p1").await, vec![MsgId(3_001).member()]);
+
+    // Carol acks; bob's key is repaired; the redo skips carol.
+    let _: i64 = redis.next().del(keys.pending("t", "carol", "p1")).await.unwrap();
+    let _: i64 = redis.next().del(keys.pending("t", "bob", "b1")).await.unwrap();
+    let done: HashSet<DeviceKey> = e.done().iter().cloned().collect();
+    fanout.deliver_except(&[(&msg, &members)], &[91], &done).await.expect("the redo");
+    assert_eq!(pending("bob", "b1").await, vec![MsgId(3_001).member()]);
+    assert!(pending("carol", "p1").await.is_empty(), "carol's acked id is not put back");
+    assert!(fanout.is_done(91).await.unwrap());
 }
 
 /// A fan-out's users go in few script calls: all in one on a single Redis, cut where

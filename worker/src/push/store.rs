@@ -108,7 +108,7 @@ impl PushStore {
                  retry_count = IF({REVIVE}, 0, retry_count), \
                  next_retry_at = IF({REVIVE}, VALUES(next_retry_at), next_retry_at), \
                  last_error = IF({REVIVE}, NULL, last_error), \
-                 created_at = IF({REVIVE}, VALUES(created_at), created_at), \
+                 created_at = IF({REVIVE}, GREATEST(created_at + 1, VALUES(created_at)), created_at), \
                  updated_at = VALUES(updated_at), \
                  status = IF({REVIVE}, 'PENDING', status)"
             ));
@@ -181,19 +181,23 @@ impl PushStore {
     }
 
     /// A claimed row whose latest message changed while it was claimed: due now, with
-    /// `told` messages (the ones just sent) taken off its count.
+    /// `told` messages (the ones just sent) taken off its count. After a delivery
+    /// (`told`), what is left is a new notification: it begins now, so its id (row and
+    /// beginning, [`Claimed::key`]) is not the one the webhook just took, which a receiver
+    /// deduplicating by id would drop. A notification that was not sent keeps its id.
     async fn again(&self, c: &Claimed, told: Option<u32>) -> Result<(), sqlx::Error> {
         let now = now_ms() as i64;
-        sqlx::query(
+        let begins = if told.is_some() { ", created_at = GREATEST(created_at + 1, ?)" } else { "" };
+        let sql = format!(
             "UPDATE push_notifications SET status = 'PENDING', count = GREATEST(CAST(count AS SIGNED) - ?, 1), \
-             retry_count = 0, next_retry_at = ?, claimed_at = NULL, updated_at = ? WHERE id = ? AND status = 'SENDING'",
-        )
-        .bind(told.unwrap_or(0))
-        .bind(now)
-        .bind(now)
-        .bind(c.row)
-        .execute(&self.db)
-        .await?;
+             retry_count = 0, next_retry_at = ?, claimed_at = NULL, updated_at = ?{begins} \
+             WHERE id = ? AND status = 'SENDING'"
+        );
+        let mut q = sqlx::query(&sql).bind(told.unwrap_or(0)).bind(now).bind(now);
+        if told.is_some() {
+            q = q.bind(now);
+        }
+        q.bind(c.row).execute(&self.db).await?;
         Ok(())
     }
 

@@ -1,0 +1,141 @@
+//! The fan-out's writes: frames, and pending entries through the fan-out script, in
+//! one pipeline.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+use herald_shared::ids::MsgId;
+use herald_shared::keys::PresenceValue;
+use herald_shared::protocol::TimelineEvent;
+use herald_shared::scripts;
+
+use super::calls::calls;
+use super::{Fanout, UserPlan};
+use crate::batch::Committed;
+
+/// What the fan-out script did for one device.
+#[derive(Clone, Debug)]
+pub(super) struct Written {
+    pub device: String,
+    /// Where the device is connected, if it is.
+    pub node: Option<String>,
+    /// Its entries were written.
+    pub written: bool,
+}
+
+impl Fanout {
+    /// Stores frames and pending entries; returns, per user plan, its devices: whether
+    /// their entries were written, and the node of those online. The users go in a few
+    /// script calls (see [`calls`]), not one each; a call that failed as a whole wrote
+    /// none of its users' entries.
+    pub(super) async fn write(
+        &self,
+        client: &Client,
+        msgs: &[&Committed],
+        frames: &HashMap<MsgId, String>,
+        plans: &BTreeMap<(String, String), UserPlan>,
+    ) -> Result<Vec<Vec<Written>>, fred::error::Error> {
+        let pipe = client.pipeline();
+        // An edit's frame carries text a later recall must take back from everyone:
+        // it is not kept here, and devices that owe it read it from MySQL, as it is now.
+        let cached: Vec<&&Committed> =
+            msgs.iter().filter(|m| !matches!(m.event, Some(TimelineEvent::Edited { .. }))).collect();
+        for m in &cached {
+            let _: () = pipe
+                .set(
+                    self.keys.message(m.id),
+                    frames[&m.id].as_str(),
+                    Some(Expiration::EX(self.message_ttl_s)),
+                    None,
+                    false,
+                )
+                .await?;
+        }
+        // A recall or edit drops its message's stored frame (after it was written, in
+        // commit order): devices that still owe it read it from MySQL, as it is now.
+        let stale: Vec<MsgId> = msgs.iter().filter_map(|m| m.event.as_ref()?.target()).collect();
+        for id in &stale {
+            let _: () = pipe.del(self.keys.message(*id)).await?;
+        }
+        let plans: Vec<(&(String, String), &UserPlan)> = plans.iter().collect();
+        let calls = calls(&self.keys, &plans, client.is_clustered());
+        for call in &calls {
+            let mut keys: Vec<Value> = Vec::new();
+            let mut args: Vec<Value> = vec![self.pending_cap.to_string().into(), call.len().to_string().into()];
+            for &i in call {
+                let ((tenant, user), plan) = plans[i];
+                keys.push(self.keys.presence(tenant, user).into());
+                keys.push(self.keys.overflow(tenant, user).into());
+                args.push(plan.len().to_string().into());
+                for (device, ids) in plan {
+                    keys.push(self.keys.pending(tenant, user, device).into());
+                    args.push(device.as_str().into());
+                    args.push(ids.len().to_string().into());
+                    for id in ids {
+                        args.push(id.score().into());
+                        args.push(id.member().into());
+                    }
+                }
+            }
+            // EVALSHA through `custom`: pipelines have no Lua interface. The slot is
+            // the first key's (offset 2: sha, numkeys, key...).
+            let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+            command.push(scripts::FANOUT.script().sha1().clone().into());
+            command.push((keys.len() as i64).into());
+            command.extend(keys);
+            command.extend(args);
+            let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), command).await?;
+        }
+        let results = pipe.try_all::<Value>().await;
+        // A pipeline that failed as a whole answers with fewer results than commands:
+        // that is a failed fan-out (retried by the outbox), never a partial success.
+        if results.len() != cached.len() + stale.len() + calls.len() {
+            let first_error = results.into_iter().find_map(Result::err);
+            return Err(first_error.unwrap_or_else(|| {
+                fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out pipeline answered short")
+            }));
+        }
+        let mut results = results.into_iter();
+        for _ in 0..cached.len() + stale.len() {
+            results.next().transpose()?;
+        }
+        let mut devices: Vec<Vec<Written>> = vec![Vec::new(); plans.len()];
+        let mut calls_failed = None;
+        for (call, r) in calls.iter().zip(results) {
+            let per_user = match r {
+                Ok(v) => v.into_array(),
+                Err(e) => {
+                    // None of this call's users got their entries.
+                    for &i in call {
+                        devices[i] = plans[i]
+                            .1
+                            .keys()
+                            .map(|d| Written { device: d.clone(), node: None, written: false })
+                            .collect();
+                    }
+                    calls_failed = Some(e);
+                    continue;
+                }
+            };
+            if per_user.len() != call.len() {
+                return Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out script answered short"));
+            }
+            for (&i, user) in call.iter().zip(per_user) {
+                for triple in user.into_array().chunks(3) {
+                    let [dev, presence, written] = triple else { continue };
+                    let Some(device) = dev.as_string() else { continue };
+                    let node = presence.as_string().as_deref().and_then(PresenceValue::parse).map(|p| p.node);
+                    let written = written.as_i64() == Some(1);
+                    devices[i].push(Written { device, node, written });
+                }
+            }
+        }
+        if let Some(e) = calls_failed {
+            if devices.iter().flatten().all(|d| !d.written) {
+                return Err(e);
+            }
+        }
+        Ok(devices)
+    }
+}
