@@ -24,7 +24,7 @@ pub async fn messages(
     Query(q): Query<MessagesQuery>,
 ) -> ApiResult<Json<Page>> {
     let limit = check_limit(q.limit, 100, 1_000)?;
-    Ok(Json(state.history.conversation(&c.tid, &c.sub, &conv, q.after_seq.unwrap_or(0), limit).await?))
+    Ok(Json(state.history.conversation(&c.tid, &c.sub, &c.dev, &conv, q.after_seq.unwrap_or(0), limit).await?))
 }
 
 #[derive(Deserialize)]
