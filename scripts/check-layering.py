@@ -30,7 +30,7 @@ LAYERS = {
     ],
     "gateway": [
         ["tls", "mailbox", "budget", "watchers"],
-        ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status"],
+        ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status", "starts"],
         ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "notices", "typing", "roster"],
         ["session", "liveness"],
         ["state"],

@@ -37,6 +37,10 @@ pub struct Page {
     /// joined then), so a client holds no gap below it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub joined_seq: Option<u64>,
+    /// A conversation's page: where the calling device's timeline starts, at or above
+    /// `joined_seq`: it receives by push everything after it (`crate::starts`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_seq: Option<u64>,
 }
 
 const MESSAGE_COLUMNS: &str = "msg.id, msg.conv_id, msg.seq, msg.sender_id, msg.client_msg_id, msg.created_at, \
@@ -81,6 +85,7 @@ impl History {
         &self,
         tenant: &str,
         user: &str,
+        device: &str,
         conv: &str,
         after_seq: u64,
         limit: u32,
@@ -124,6 +129,8 @@ impl History {
         .await?;
         let mut page = page(rows, limit, self.page_bytes)?;
         page.joined_seq = Some(joined);
+        let pushed_after = crate::starts::device_start(&self.db, tenant, user, device, conv).await?;
+        page.start_seq = Some(joined.max(pushed_after.unwrap_or(0)));
         // The caller's own messages say how far they got: one read of the members.
         if page.items.iter().any(|m| m.from == user) {
             let members = crate::status::positions(&self.db, tenant, conv).await?;
@@ -252,11 +259,11 @@ fn page(rows: Vec<MySqlRow>, limit: u32, max_bytes: usize) -> ApiResult<Page> {
         let m = message(r)?;
         bytes += wire_bytes(&m);
         if bytes > max_bytes && !items.is_empty() {
-            return Ok(Page { items, more: true, joined_seq: None });
+            return Ok(Page { items, more: true, joined_seq: None, start_seq: None });
         }
         items.push(m);
     }
-    Ok(Page { items, more: rows.len() > limit as usize, joined_seq: None })
+    Ok(Page { items, more: rows.len() > limit as usize, joined_seq: None, start_seq: None })
 }
 
 /// What an item adds to a page's JSON: its body, its event and its other fields.

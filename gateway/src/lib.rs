@@ -39,6 +39,7 @@ pub mod recovery;
 pub mod roster;
 pub mod session;
 pub mod sessions;
+pub mod starts;
 pub mod state;
 pub mod status;
 pub mod tls;

@@ -44,7 +44,8 @@ pub struct NodeLimits {
     /// The realtime pushes' latency, one of the budget controller's signals.
     pub realtime: Arc<RealtimeLatency>,
     pub admission: DefaultDirectRateLimiter,
-    /// HTTP sends per device (WebSocket sessions keep their own bucket).
+    /// HTTP sends, read receipts, syncs and history pages per device, from one bucket
+    /// like a WebSocket session's (which keeps its own).
     pub http_sends: DefaultKeyedRateLimiter<DeviceKey>,
     /// Sends per tenant, HTTP and WebSocket together: one noisy tenant cannot take the
     /// node's whole commit capacity.
@@ -82,6 +83,15 @@ impl NodeLimits {
     /// Ok, or the wait before this device may send again.
     pub fn http_send(&self, key: &DeviceKey) -> Result<(), Duration> {
         self.http_sends.check_key(key).map_err(|nu| nu.wait_time_from(DefaultClock::default().now()))
+    }
+
+    /// An HTTP `read`, sync or history request (`what`) of this device takes from its
+    /// send bucket, as the WebSocket's `read` and `sync` frames do: each costs a MySQL
+    /// read or a stream entry. Counted when refused.
+    pub fn http_request(&self, key: &DeviceKey, what: &'static str) -> Result<(), Duration> {
+        self.http_send(key).inspect_err(|_| {
+            metrics::counter!("herald_rate_limited_total", "what" => what).increment(1);
+        })
     }
 }
 

@@ -7,7 +7,9 @@
 //!   targets; one that returns is live again and catches up from its watermark;
 //! - rows of devices expired `worker.device_forget_s` ago are deleted, so the table
 //!   holds the devices of the last months, not every device ever seen;
-//! - messages past their tenant's retention are deleted, oldest first;
+//! - messages past their tenant's retention are deleted, oldest first, their keys kept
+//!   (`message_keys`, for `worker.message_key_days`) and the text of the events about
+//!   them (edits) removed with them;
 //! - consumers of the ingress streams left by nodes that are gone are removed.
 
 use std::time::{Duration, Instant};
@@ -43,6 +45,28 @@ pub struct Janitor {
     pub retention_days: u64,
     /// Per-tenant retention (days; 0 forever), over `retention_days`.
     pub retention_overrides: Vec<(String, u64)>,
+    /// Days the keys of deleted messages are kept; 0 keeps them forever.
+    pub message_key_days: u64,
+}
+
+/// Whether `message_keys` holds a key: retention deleted messages once.
+pub async fn keys_kept(db: &MySqlPool) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::query_scalar::<_, i32>("SELECT 1 FROM message_keys LIMIT 1").fetch_optional(db).await?.is_some())
+}
+
+/// Appends the tenant filter of a retention round: one tenant, or all but `except`.
+fn push_tenants(q: &mut QueryBuilder<'_, MySql>, tenant: Option<&str>, except: &[&str]) {
+    if let Some(t) = tenant {
+        q.push(" AND tenant_id = ").push_bind(t.to_owned());
+    }
+    if !except.is_empty() {
+        q.push(" AND tenant_id NOT IN (");
+        let mut sep = q.separated(", ");
+        for t in except {
+            sep.push_bind(t.to_string());
+        }
+        q.push(")");
+    }
 }
 
 impl Janitor {
@@ -149,7 +173,8 @@ impl Janitor {
         Ok(forgotten)
     }
 
-    /// Deletes messages past their tenant's retention, oldest first; how many.
+    /// Deletes messages past their tenant's retention, oldest first; how many. Then
+    /// the keys of deleted messages past `message_key_days`.
     pub async fn purge_messages(&self) -> Result<u64, JanitorError> {
         let started = Instant::now();
         let mut purged = 0;
@@ -162,9 +187,27 @@ impl Janitor {
             purged += self.purge_where(Some(tenant), &[], cutoff(*days), started).await?;
         }
         metrics::counter!("herald_messages_purged_total").increment(purged);
+        if self.message_key_days > 0 {
+            while started.elapsed() < ROUND_BUDGET {
+                let n = sqlx::query("DELETE FROM message_keys WHERE id < ? ORDER BY id LIMIT ?")
+                    .bind(cutoff(self.message_key_days))
+                    .bind(CHUNK)
+                    .execute(&self.db)
+                    .await?
+                    .rows_affected();
+                if n < u64::from(CHUNK) {
+                    break;
+                }
+            }
+        }
         Ok(purged)
     }
 
+    /// One tenant's (or all but `except`'s) rows with ids below `below`, a chunk at a
+    /// time: the events about them lose their text first (an edit's body; the event
+    /// keeps its place in the timeline, so no gap opens), the keys of messages are
+    /// copied to `message_keys`, then the rows are deleted. Every step is idempotent:
+    /// a janitor that dies between them, or two at once, leave nothing inconsistent.
     async fn purge_where(
         &self,
         tenant: Option<&str>,
@@ -174,23 +217,40 @@ impl Janitor {
     ) -> Result<u64, JanitorError> {
         let mut purged = 0;
         while started.elapsed() < ROUND_BUDGET {
-            let mut q = QueryBuilder::<MySql>::new("DELETE FROM messages WHERE id < ");
-            q.push_bind(below);
-            if let Some(t) = tenant {
-                q.push(" AND tenant_id = ").push_bind(t);
+            let mut q = QueryBuilder::<MySql>::new("UPDATE messages SET body = 'null' WHERE target_id < ");
+            q.push_bind(below).push(" AND body <> 'null'");
+            push_tenants(&mut q, tenant, except);
+            q.push(" ORDER BY target_id LIMIT ").push_bind(CHUNK);
+            let stripped = q.build().execute(&self.db).await?.rows_affected();
+            if stripped == u64::from(CHUNK) {
+                continue;
             }
-            if !except.is_empty() {
-                q.push(" AND tenant_id NOT IN (");
+            let mut q = QueryBuilder::<MySql>::new("SELECT id FROM messages WHERE id < ");
+            q.push_bind(below);
+            push_tenants(&mut q, tenant, except);
+            q.push(" ORDER BY id LIMIT ").push_bind(CHUNK);
+            let ids: Vec<u64> = q.build_query_scalar().fetch_all(&self.db).await?;
+            if ids.is_empty() {
+                break;
+            }
+            let mut keep = QueryBuilder::<MySql>::new(
+                "INSERT IGNORE INTO message_keys (tenant_id, sender_id, client_msg_id, conv_id, id, seq, created_at, op_digest) \
+                 SELECT tenant_id, sender_id, client_msg_id, conv_id, id, seq, created_at, op_digest FROM messages \
+                 WHERE event IS NULL AND id IN (",
+            );
+            let mut delete = QueryBuilder::<MySql>::new("DELETE FROM messages WHERE id IN (");
+            for q in [&mut keep, &mut delete] {
                 let mut sep = q.separated(", ");
-                for t in except {
-                    sep.push_bind(*t);
+                for id in &ids {
+                    sep.push_bind(*id);
                 }
                 q.push(")");
             }
-            q.push(" ORDER BY id LIMIT ").push_bind(CHUNK);
-            let n = q.build().execute(&self.db).await?.rows_affected();
+            // Not kept prepared: the text differs with every number of ids.
+            keep.build().persistent(false).execute(&self.db).await?;
+            let n = delete.build().persistent(false).execute(&self.db).await?.rows_affected();
             purged += n;
-            if n < u64::from(CHUNK) {
+            if ids.len() < CHUNK as usize {
                 break;
             }
         }

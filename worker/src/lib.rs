@@ -137,14 +137,18 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             },
         },
     };
+    let mut commit = CommitPipeline::new(
+        db.clone(),
+        cfg.worker.commits_in_flight,
+        cfg.outbox.first_retry_delay_ms,
+        cfg.delivery.sync_settle_ms,
+        cfg.delivery.device_ttl_s * 1000,
+    );
+    // Keys of deleted messages are looked up while retention deletes messages, or once
+    // it did (a retention since turned off leaves its keys).
+    commit.keys_outlive_messages = cfg.worker.retention_enabled() || janitor::keys_kept(&db).await?;
     let shared = Arc::new(WorkerContext {
-        commit: CommitPipeline::new(
-            db.clone(),
-            cfg.worker.commits_in_flight,
-            cfg.outbox.first_retry_delay_ms,
-            cfg.delivery.sync_settle_ms,
-            cfg.delivery.device_ttl_s * 1000,
-        ),
+        commit,
         cfg,
         db,
         redis,
@@ -198,6 +202,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         device_forget_ms: shared.cfg.worker.device_forget_s * 1000,
         retention_days: shared.cfg.worker.retention_days,
         retention_overrides: shared.cfg.worker.retention_by_tenant().unwrap_or_default(),
+        message_key_days: shared.cfg.worker.message_key_days,
     };
     process.spawn_supervised("janitor", Criticality::Background, move |c| janitor.clone().run(c));
     let (health, ready) = (shared.clone(), process.readiness().clone());

@@ -180,8 +180,10 @@ impl Session<'_> {
                                         self.observer.caught_up(self.started.elapsed());
                                     }
                                     ServerFrame::History(h) => {
-                                        if let Some(joined) = h.joined_seq {
-                                            self.st.joined(&h.conv, joined);
+                                        // This device's start (`start_seq`), else its user's
+                                        // membership's (`joined_seq`, older servers).
+                                        if let Some(start) = h.joined_seq.max(h.start_seq) {
+                                            self.st.joined(&h.conv, start);
                                         }
                                         for m in &h.items {
                                             self.st.arrive_message(m, Via::Sync);

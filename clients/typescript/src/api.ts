@@ -39,6 +39,8 @@ export interface ConversationItem {
   /** `last_seq - read_seq`: the caller's unread messages. */
   unread: number;
   joined_seq: number;
+  /** Where this device's timeline starts (at or above `joined_seq`); absent from older servers. */
+  start_seq?: number;
   last_message?: WireMessage;
 }
 
@@ -138,7 +140,7 @@ export class HeraldApi {
   }
 
   /** History of one conversation after `afterSeq`, in seq order. */
-  history(conv: string, o: { afterSeq?: number; limit?: number } = {}): Promise<Page<WireMessage> & { more: boolean; joined_seq: number }> {
+  history(conv: string, o: { afterSeq?: number; limit?: number } = {}): Promise<Page<WireMessage> & { more: boolean; joined_seq: number; start_seq?: number }> {
     return this.call("GET", `/v1/conversations/${encodeURIComponent(conv)}/messages${query({ after_seq: o.afterSeq, limit: o.limit })}`);
   }
 

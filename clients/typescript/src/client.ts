@@ -147,7 +147,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.unreadCounts.seed(items);
   }
 
-  /** Starts `conv`'s timeline after `seq` (what the app already has, or the list's `joined_seq`). */
+  /** Starts `conv`'s timeline after `seq` (what the app already has, or the list's `start_seq`). */
   startAfter(conv: string, seq: number): void {
     this.timelines.startAfter(conv, seq);
   }
@@ -366,7 +366,10 @@ export class HeraldClient extends Emitter<HeraldEvents> {
       case "msg":
         return this.arrive(f, true);
       case "history":
-        if (f.joined_seq !== undefined) this.timelines.startAfter(f.conv, f.joined_seq);
+        // This device's start (`start_seq`), else its user's membership's (older servers).
+        if (f.start_seq !== undefined || f.joined_seq !== undefined) {
+          this.timelines.startAfter(f.conv, Math.max(f.start_seq ?? 0, f.joined_seq ?? 0));
+        }
         for (const m of f.items) {
           this.statuses.fromHistory(m, this.me());
           this.arrive(m, false);

@@ -79,7 +79,7 @@ export type ServerFrame =
   | { t: "sent"; cmid: string; id: MessageId; conv: string; seq: number; ts: number; dup: boolean }
   | { t: "read"; conv: string; user: string; seq: number }
   | { t: "caught_up"; delivered: number }
-  | { t: "history"; conv: string; items: WireMessage[]; more: boolean; ref: string | null; joined_seq?: number }
+  | { t: "history"; conv: string; items: WireMessage[]; more: boolean; ref: string | null; joined_seq?: number; start_seq?: number }
   | { t: "pong"; ts: number }
   | { t: "error"; code: ErrorCode; message: string; ref?: string | null; retry_after_ms?: number }
   | { t: "reconnect"; after_ms: number }

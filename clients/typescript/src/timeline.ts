@@ -48,7 +48,7 @@ export class Timelines {
 
   /**
    * Starts `conv` after `seq` when the app knows better than 0: its store, or the
-   * conversation list's `joined_seq`. Never moves a timeline back.
+   * conversation list's `start_seq` (`joined_seq` from older servers). Never moves a timeline back.
    */
   startAfter(conv: string, seq: number): void {
     const l = this.line(conv);

@@ -11,7 +11,7 @@ use axum::Json;
 use herald_shared::auth::is_valid_ident;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
-use herald_shared::ids::now_ms;
+use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::protocol::{ConversationKind, MemberRole};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -218,9 +218,15 @@ pub async fn list(
             Some((ts.parse::<i64>().map_err(|_| ApiError::bad_request("malformed cursor"))?, id.to_owned()))
         }
     };
+    // Where the caller's device starts each timeline: below the first message after
+    // its first watermark (`crate::starts`); an unregistered caller starts at 0.
+    let watermark = crate::starts::device_watermark(&state.db, &c.tid, &c.sub, &c.dev).await?;
     let mut qb = QueryBuilder::<MySql>::new(
-        "SELECT c.id, c.kind, c.title, c.last_seq, m.read_seq, c.last_active_at, c.last_msg_id, m.joined_seq FROM members m \
-         JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conv_id \
+        "SELECT c.id, c.kind, c.title, c.last_seq, m.read_seq, c.last_active_at, c.last_msg_id, m.joined_seq, ",
+    );
+    crate::starts::push_first_pushed_seq(&mut qb, watermark.unwrap_or(MsgId(0)));
+    qb.push(
+        " FROM members m JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conv_id \
          WHERE m.tenant_id = ",
     );
     qb.push_bind(&c.tid).push(" AND m.user_id = ").push_bind(&c.sub).push(" AND m.left_seq IS NULL");
@@ -245,6 +251,7 @@ pub async fn list(
         let read_seq: u64 = r.try_get(4)?;
         let active: i64 = r.try_get(5)?;
         let last_msg: Option<u64> = r.try_get(6)?;
+        let joined: u64 = r.try_get(7)?;
         last_ids.extend(last_msg);
         next_cursor = Some(format!("{active}:{id}"));
         items.push(json!({
@@ -253,7 +260,8 @@ pub async fn list(
             "title": r.opt_text(2)?,
             "last_seq": last_seq,
             "read_seq": read_seq.min(last_seq),
-            "joined_seq": r.try_get::<u64, _>(7)?,
+            "joined_seq": joined,
+            "start_seq": joined.max(crate::starts::pushed_after(r.try_get(8)?, last_seq)),
             "unread": last_seq.saturating_sub(read_seq),
             "last_message_id": last_msg.map(|m| m.to_string()),
         }));

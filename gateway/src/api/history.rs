@@ -3,6 +3,7 @@
 use axum::extract::{Path, Query, State};
 use axum::Json;
 use herald_shared::ids::MsgId;
+use herald_shared::keys::DeviceKey;
 use serde::Deserialize;
 
 use crate::api::auth::Caller;
@@ -23,8 +24,9 @@ pub async fn messages(
     Path(conv): Path<String>,
     Query(q): Query<MessagesQuery>,
 ) -> ApiResult<Json<Page>> {
+    state.limits.http_request(&DeviceKey::of(&c), "history").map_err(ApiError::rate_limited)?;
     let limit = check_limit(q.limit, 100, 1_000)?;
-    Ok(Json(state.history.conversation(&c.tid, &c.sub, &conv, q.after_seq.unwrap_or(0), limit).await?))
+    Ok(Json(state.history.conversation(&c.tid, &c.sub, &c.dev, &conv, q.after_seq.unwrap_or(0), limit).await?))
 }
 
 #[derive(Deserialize)]
@@ -39,6 +41,7 @@ pub async fn sync(
     Caller(c): Caller,
     Query(q): Query<SyncQuery>,
 ) -> ApiResult<Json<Page>> {
+    state.limits.http_request(&DeviceKey::of(&c), "sync").map_err(ApiError::rate_limited)?;
     let limit = check_limit(q.limit, 200, 1_000)?;
     let after = match q.after.as_deref() {
         None | Some("") => MsgId(0),

@@ -42,6 +42,7 @@ pub async fn read(
     body: Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
     let req: ReadRequest = parse_json(&body)?;
+    state.limits.http_request(&DeviceKey::of(&c), "read").map_err(ApiError::rate_limited)?;
     let waiter = state.ingress.enqueue_read(&c, conv, req.seq).await?;
     match state.ingress.outcome(waiter).await? {
         SendOutcome::Read { conv, read_seq } => Ok(Json(serde_json::json!({"conv": conv, "read_seq": read_seq}))),

@@ -36,6 +36,9 @@ use auth::Caller;
 pub fn router(state: AppState) -> Router {
     // The JSON envelope around a maximal body, with room for escaping.
     let body_limit = state.cfg.gateway.max_body_bytes * 2 + 4096;
+    // Member lists may be longer than a message: a group of the largest size with the
+    // longest user ids (the inner limit wins over the router's).
+    let members_limit = || DefaultBodyLimit::max(body_limit.max(state.cfg.gateway.largest_members_body_bytes()));
     let deadline = Duration::from_millis(state.cfg.gateway.request_timeout_ms);
     // Every HTTP request must arrive whole and be answered within the deadline; the
     // WebSocket upgrade answers at once and its session is bounded by its own rules.
@@ -43,8 +46,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/devices", post(register))
         .route("/v1/devices/me", axum::routing::delete(unregister))
         .route("/v1/devices/me/push", axum::routing::put(push::register).delete(push::unregister))
-        .route("/v1/conversations", post(conversations::create).get(conversations::list))
-        .route("/v1/conversations/{id}/members", post(timeline::change_members))
+        .route("/v1/conversations", post(conversations::create).layer(members_limit()).get(conversations::list))
+        .route("/v1/conversations/{id}/members", post(timeline::change_members).layer(members_limit()))
         .route("/v1/conversations/{id}/title", post(timeline::change_title))
         .route("/v1/conversations/{id}/roles", post(timeline::change_role))
         .route("/v1/messages", post(messages::send))
@@ -56,8 +59,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sync", get(history::sync))
         .route("/v1/presence", get(presence::query))
         .route("/v1/server/messages", post(server::messages::send))
-        .route("/v1/server/conversations", post(server::conversations::create))
-        .route("/v1/server/conversations/{id}/members", post(server::conversations::change_members))
+        .route("/v1/server/conversations", post(server::conversations::create).layer(members_limit()))
+        .route(
+            "/v1/server/conversations/{id}/members",
+            post(server::conversations::change_members).layer(members_limit()),
+        )
         .route("/v1/server/conversations/{id}/title", post(server::conversations::change_title))
         .route("/v1/server/conversations/{id}/roles", post(server::conversations::change_role))
         .layer(axum::middleware::from_fn_with_state(deadline, within_deadline));

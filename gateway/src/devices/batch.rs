@@ -22,10 +22,6 @@ use crate::error::ApiError;
 /// devices (the last one repeated), so a connection caches a few shapes of each.
 pub(super) const BATCH_MAX: usize = 256;
 
-/// How far back a new device's watermark starts: its first session reads the messages
-/// committed in the minute before it registered.
-const NEW_DEVICE_LOOKBACK_MS: u64 = 60_000;
-
 /// A device to register, and where its outcome goes: the watermark of its row.
 pub(super) struct Request {
     pub key: DeviceKey,
@@ -116,7 +112,7 @@ impl Registrar {
         let devices: Vec<(&DeviceKey, &'static str)> = devices.into_iter().collect();
         let rows = self.read(&devices).await?;
         let now = now_ms() as i64;
-        let new_watermark = MsgId::lowest_at(now_ms().saturating_sub(NEW_DEVICE_LOOKBACK_MS));
+        let new_watermark = crate::starts::first_watermark(now);
         let (mut touch, mut upsert) = (Vec::new(), Vec::new());
         let mut watermarks = HashMap::with_capacity(devices.len());
         for &(key, platform) in &devices {

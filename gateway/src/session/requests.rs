@@ -127,15 +127,16 @@ where
         }
         let limit = s.limit.unwrap_or(100).clamp(1, 1_000);
         let history = self.env.history.clone();
-        let (tenant, user) = (self.claims.tid.clone(), self.claims.sub.clone());
+        let (tenant, user, device) = (self.claims.tid.clone(), self.claims.sub.clone(), self.claims.dev.clone());
         self.requests.spawn(async move {
-            Some(match history.conversation(&tenant, &user, &s.conv, s.after_seq, limit).await {
+            Some(match history.conversation(&tenant, &user, &device, &s.conv, s.after_seq, limit).await {
                 Ok(p) => History {
                     conv: s.conv,
                     items: p.items,
                     more: p.more,
                     reference: s.reference,
                     joined_seq: p.joined_seq,
+                    start_seq: p.start_seq,
                 }
                 .into(),
                 Err(e) => error_of(e, s.reference),

@@ -6,6 +6,13 @@ use super::table::{section, GATEWAY};
 use super::{Cidr, Problems};
 use crate::tls;
 
+/// Most members a conversation may be configured for: its largest membership event
+/// (about 13 MB) stays within the event column's 16 MiB (MEDIUMTEXT).
+pub const MAX_GROUP_SIZE: usize = 100_000;
+
+/// A user id in a JSON list at most: 64 characters, each escaped (`\"`), quotes and a comma.
+const MEMBER_JSON_BYTES: usize = 64 * 2 + 3;
+
 section! {
     /// `[gateway]`: what the gateway needs to serve clients.
     pub struct GatewayConfig in "gateway", read by GATEWAY;
@@ -29,7 +36,11 @@ section! {
         /// watermark and its band's first page read at start. A login storm queues here
         /// instead of taking every pool connection (and failing past the pool's wait).
         pub start_db_reads: u32 = "8",
-        /// Most members of one conversation.
+        /// Most members of one conversation (at most 100 000).
+        ///
+        /// A membership change of that many users, with the longest user ids, must fit
+        /// the event column (16 MiB), a request body and a frame; the request and frame
+        /// bounds grow with it.
         pub max_group_size: usize = "1000",
         /// Server ping interval; must stay below `gateway.nat_idle_timeout_ms`.
         pub heartbeat_ms: u64 = "25000",
@@ -293,8 +304,8 @@ impl GatewayConfig {
         if !(100..=600_000).contains(&self.handshake_timeout_ms) {
             bad.push("gateway.handshake_timeout_ms", "must be 100..=600000");
         }
-        if self.max_group_size < 2 {
-            bad.push("gateway.max_group_size", "must be at least 2");
+        if !(2..=MAX_GROUP_SIZE).contains(&self.max_group_size) {
+            bad.push("gateway.max_group_size", &format!("must be 2..={MAX_GROUP_SIZE}"));
         }
         if self.request_timeout_ms <= self.send_timeout_ms {
             bad.push("gateway.request_timeout_ms", "must exceed gateway.send_timeout_ms");
@@ -315,10 +326,21 @@ impl GatewayConfig {
 
     /// The largest message or timeline event one item of a page (or one `msg` frame)
     /// can hold: a body of `max_body_bytes` (escaped, twice that at most), or a
-    /// membership event naming a group's largest member list (user ids are printable
-    /// ASCII up to 64 characters: 131 bytes each at most, quoted and escaped).
+    /// membership event naming a group's largest member list.
     pub fn largest_item_bytes(&self) -> usize {
-        (self.max_body_bytes * 2).max(self.max_group_size * 131)
+        (self.max_body_bytes * 2).max(self.largest_member_list_bytes())
+    }
+
+    /// The largest list of members a request or an event carries, as JSON: every user id
+    /// of the longest length with every character escaped.
+    pub fn largest_member_list_bytes(&self) -> usize {
+        self.max_group_size * MEMBER_JSON_BYTES + 2
+    }
+
+    /// The largest membership request body (`add` and `remove` both full), with room
+    /// for the envelope.
+    pub fn largest_members_body_bytes(&self) -> usize {
+        2 * self.largest_member_list_bytes() + 4096
     }
 }
 

@@ -102,3 +102,17 @@ fn the_defaults_are_the_documented_ones() {
     assert_eq!((g.heartbeat_ms, g.nat_idle_timeout_ms, g.realtime_queue), (25_000, 30_000, 1_024));
     assert_eq!((g.backlog_rate_node, g.tenant_send_burst), (100_000, 10_000));
 }
+
+#[test]
+fn the_group_size_is_bounded_by_what_its_largest_event_needs() {
+    let at = |n: &str| load(Role::Gateway, &[], &env(&[SECRET, ("HERALD_GATEWAY__MAX_GROUP_SIZE", n)]));
+    let (cfg, _) = at("100000").unwrap();
+    assert!(cfg.gateway.largest_member_list_bytes() < 16 << 20, "the largest event fits MEDIUMTEXT");
+    let err = at("100001").unwrap_err().to_string();
+    assert!(err.contains("gateway.max_group_size: must be 2..=100000"), "{err}");
+    // The default group's largest change fits a request and a frame.
+    let (cfg, _) = load(Role::Gateway, &[], &env(&[SECRET])).unwrap();
+    let ids = 1_000 * (64 * 2 + 3);
+    assert!(cfg.gateway.largest_members_body_bytes() >= 2 * ids);
+    assert!(cfg.gateway.largest_frame_bytes() >= cfg.gateway.history_page_bytes + ids);
+}

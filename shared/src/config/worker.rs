@@ -43,6 +43,12 @@ section! {
         pub retention_days: u64 = "0",
         /// Retention of particular tenants, `tenant=days` comma-separated (0 days: forever).
         pub retention_overrides: String = "",
+        /// Days the key (`cmid`) of a message deleted by retention is kept; 0 keeps it forever.
+        ///
+        /// A resend of a deleted message (an outbox that was offline past the retention)
+        /// is a repeat while its key is kept (about 100 bytes a message, `message_keys`).
+        /// Counted from the message's commit, so it must exceed every retention.
+        pub message_key_days: u64 = "0",
         /// Seconds after its expiry that a device's row is deleted (a year); 0 keeps the rows.
         ///
         /// A device forgotten this way that returns is registered as a new device: it
@@ -68,6 +74,11 @@ section! {
 pub const MAX_BATCH: usize = 65_535 / 9;
 
 impl WorkerConfig {
+    /// Whether retention deletes messages of any tenant.
+    pub fn retention_enabled(&self) -> bool {
+        self.retention_days > 0 || self.retention_by_tenant().is_ok_and(|o| o.iter().any(|(_, d)| *d > 0))
+    }
+
     /// `worker.retention_overrides` as (tenant, days).
     pub fn retention_by_tenant(&self) -> Result<Vec<(String, u64)>, String> {
         let mut out = Vec::new();
@@ -91,8 +102,17 @@ impl WorkerConfig {
         if self.batch_max == 0 || self.batch_max > MAX_BATCH {
             bad.push("worker.batch_max", &format!("must be 1..={MAX_BATCH} (MySQL's placeholder limit)"));
         }
-        if let Err(e) = self.retention_by_tenant() {
-            bad.push("worker.retention_overrides", &e);
+        match self.retention_by_tenant() {
+            Err(e) => bad.push("worker.retention_overrides", &e),
+            Ok(overrides) => {
+                let longest = overrides.iter().map(|(_, d)| *d).chain([self.retention_days]).max().unwrap_or(0);
+                if self.message_key_days != 0 && self.message_key_days <= longest {
+                    bad.push(
+                        "worker.message_key_days",
+                        &format!("must be 0 (forever) or more than the longest retention ({longest} days)"),
+                    );
+                }
+            }
         }
         // Redis refuses an expiry of 0: every fan-out would fail.
         if self.message_ttl_s == 0 {
@@ -135,5 +155,31 @@ mod tests {
         assert!(at("1").is_ok());
         let err = at("0").unwrap_err().to_string();
         assert!(err.contains("worker.message_ttl_s: must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn the_message_key_window_must_outlast_every_retention() {
+        let at = |keys: &str, days: &str, overrides: &str| {
+            load(
+                Role::Worker,
+                &[],
+                &env(&[
+                    SECRET,
+                    ("HERALD_WORKER__MESSAGE_KEY_DAYS", keys),
+                    ("HERALD_WORKER__RETENTION_DAYS", days),
+                    ("HERALD_WORKER__RETENTION_OVERRIDES", overrides),
+                ]),
+            )
+        };
+        assert!(at("0", "30", "legal=400").is_ok(), "0 keeps keys forever");
+        assert!(at("401", "30", "legal=400,acme=0").is_ok());
+        for (keys, days, overrides) in [("30", "30", ""), ("100", "30", "legal=400")] {
+            let err = at(keys, days, overrides).unwrap_err().to_string();
+            assert!(err.contains("worker.message_key_days: must be 0 (forever) or more than the longest"), "{err}");
+        }
+        let (cfg, _) = at("0", "0", "short=1").unwrap();
+        assert!(cfg.worker.retention_enabled(), "an override deletes messages");
+        let (cfg, _) = at("0", "0", "legal=0").unwrap();
+        assert!(!cfg.worker.retention_enabled());
     }
 }

@@ -98,6 +98,11 @@ pub struct History {
     /// Absent from servers older than this field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub joined_seq: Option<u64>,
+    /// Where this device's timeline starts, at or above `joined_seq`: the device
+    /// receives by push every message after it; what is older is history to page back
+    /// into. Absent from servers older than this field (use `joined_seq`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_seq: Option<u64>,
 }
 
 /// The answer to `ping`.
@@ -311,9 +316,18 @@ mod tests {
                 more: true,
                 reference: Some("r".into()),
                 joined_seq: Some(7),
+                start_seq: Some(9),
             }
             .into(),
-            History { conv: "c1".into(), items: vec![], more: false, reference: None, joined_seq: None }.into(),
+            History {
+                conv: "c1".into(),
+                items: vec![],
+                more: false,
+                reference: None,
+                joined_seq: None,
+                start_seq: None,
+            }
+            .into(),
             Pong { ts: 42 }.into(),
             ErrorFrame::new(ErrorCode::RateLimited, "slow down").with_ref(Some("m-2".into())).retry_after(250).into(),
             ErrorFrame::new(ErrorCode::Forbidden, "not a member").into(),
@@ -354,6 +368,7 @@ mod tests {
             more: false,
             reference: None,
             joined_seq: None,
+            start_seq: None,
         })
         .to_json();
         assert_eq!(h, r#"{"t":"history","conv":"c","items":[],"more":false,"ref":null}"#);

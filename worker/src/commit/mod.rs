@@ -96,6 +96,22 @@ fn is_repeat(e: &sqlx::Error) -> bool {
     mysql_error(e).is_some_and(|(n, message)| n == 1062 && message.contains("uq_client_msg"))
 }
 
+/// Reads the (tenant, sender, cmid, id, conv, seq, created_at, is a change, request
+/// digest) of the entries' keys found in `table` (`messages`, or `message_keys` of
+/// messages retention deleted); `is_change` is the SQL of the fourth column.
+fn lookup_keys(reads: &mut Script, table: &str, is_change: &str, entries: &[IngressEntry]) {
+    reads.push(" SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at, ");
+    reads.push(is_change).push(", op_digest FROM ").push(table).push(" WHERE ");
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            reads.push(" OR ");
+        }
+        reads.push("(tenant_id = ").str(&e.tenant).push(" AND sender_id = ").str(&e.user);
+        reads.push(" AND client_msg_id = ").str(&e.cmid).push(")");
+    }
+    reads.push(";");
+}
+
 #[derive(Debug)]
 pub struct CommitPipeline {
     conns: CommitConnections,
@@ -106,6 +122,9 @@ pub struct CommitPipeline {
     /// halved): device sync returns ids once they are older than the settle time, so a
     /// later commit below them would be skipped.
     max_id_age_ms: u64,
+    /// Retention deletes messages (or did): their keys are looked up in `message_keys`
+    /// too, so a resend of a deleted message is still a repeat.
+    pub keys_outlive_messages: bool,
 }
 
 struct ConvState {
@@ -136,6 +155,7 @@ impl CommitPipeline {
             first_retry_delay_ms,
             max_id_age_ms: sync_settle_ms / 2,
             device_ttl_ms,
+            keys_outlive_messages: false,
         }
     }
 
@@ -216,18 +236,13 @@ impl CommitPipeline {
             reads.int(f.shard);
         }
         reads.push(") LOCK IN SHARE MODE;");
-        // 1. Repeats of already committed messages (when a first try found there are).
+        // 1. Repeats of already committed messages (when a first try found there are),
+        // and of messages retention deleted, whose keys outlive them (`message_keys`).
         if dedup == Dedup::Lookup {
-            reads
-                .push(" SELECT tenant_id, sender_id, client_msg_id, id, conv_id, seq, created_at, event IS NOT NULL, op_digest FROM messages WHERE ");
-            for (i, e) in entries.iter().enumerate() {
-                if i > 0 {
-                    reads.push(" OR ");
-                }
-                reads.push("(tenant_id = ").str(&e.tenant).push(" AND sender_id = ").str(&e.user);
-                reads.push(" AND client_msg_id = ").str(&e.cmid).push(")");
-            }
-            reads.push(";");
+            lookup_keys(&mut reads, "messages", "event IS NOT NULL", entries);
+        }
+        if self.keys_outlive_messages {
+            lookup_keys(&mut reads, "message_keys", "0", entries);
         }
         // 2. The conversations, locked; their current members (READ COMMITTED: as of
         // now, under the locks) and those members' devices: the membership check and
@@ -251,7 +266,8 @@ impl CommitPipeline {
             return Err(CommitError::Fenced(f.shard));
         }
         let mut existing: HashMap<(String, String, String), Repeat> = HashMap::new();
-        if dedup == Dedup::Lookup {
+        let lookups = usize::from(dedup == Dedup::Lookup) + usize::from(self.keys_outlive_messages);
+        for _ in 0..lookups {
             for row in next()? {
                 let key = (row.text(0)?, row.text(1)?, row.text(2)?);
                 let result = SendResult {

@@ -5,8 +5,10 @@
 //! consumer per owned shard. A consumer stops as soon as its lease is no longer surely
 //! held, and a new owner first claims every entry the previous one left pending
 //! (XAUTOCLAIM), so no accepted send is dropped and each stream has one consumer at
-//! a time (per-conversation order). The consumer and its batches: [`shard`].
+//! a time (per-conversation order). The consumer and its batches: [`shard`]; its read
+//! receipts, applied beside it: [`read_lane`].
 
+mod read_lane;
 mod shard;
 
 use std::collections::BTreeMap;

@@ -1,9 +1,11 @@
 //! One ingress stream's consumer ([`IngressShard`]): it takes over what a previous
 //! owner left pending, then reads batches and commits each in stream order: runs of
 //! sends through the group committer, timeline changes one by one, then the batch's
-//! read receipts and delivered positions; committed entries leave the stream.
+//! delivered positions; its read receipts go to the shard's read lane (`read_lane`),
+//! so that no flood of reads holds up the next batch. Committed entries leave the
+//! stream.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use fred::prelude::*;
 use fred::types::streams::XReadValue;
 use herald_shared::ids::now_ms;
 use herald_shared::keys::INGRESS_GROUP;
-use herald_shared::protocol::{IngressEntry, IngressRequest, NodeEnvelope, SendNotice, TimelineEntry};
+use herald_shared::protocol::{IngressEntry, IngressRequest, TimelineEntry};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +21,8 @@ use crate::commit::{BatchResult, Fence};
 use crate::context::WorkerContext;
 use crate::group::{publish, CommitQueue, CommitRequest};
 use crate::lease::Lease;
+
+use super::read_lane::{ReadBatch, ReadLane};
 
 type Entry = XReadValue<String, String, String>;
 
@@ -63,8 +67,10 @@ impl IngressShard {
             }
         };
         let _ = client.init().await;
+        let lane =
+            ReadLane::spawn(self.shared.clone(), self.key.clone(), self.shard, self.lease.clone(), cancel.clone());
         while !cancel.is_cancelled() && self.lease.is_valid() {
-            match self.consume(&client, &cancel).await {
+            match self.consume(&client, &cancel, &lane).await {
                 Ok(()) => break,
                 Err(e) => {
                     metrics::counter!("herald_redis_errors_total", "source" => "ingress").increment(1);
@@ -73,10 +79,11 @@ impl IngressShard {
                 }
             }
         }
+        lane.close().await;
         let _ = client.quit().await;
     }
 
-    async fn consume(&self, client: &Client, cancel: &CancellationToken) -> Result<(), Error> {
+    async fn consume(&self, client: &Client, cancel: &CancellationToken, lane: &ReadLane) -> Result<(), Error> {
         let me = self.shared.cfg.node_id.as_str();
         let count = self.shared.cfg.worker.batch_max as u64;
         match client.xgroup_create::<(), _, _, _>(&self.key, INGRESS_GROUP, "0", true).await {
@@ -92,7 +99,7 @@ impl IngressShard {
                 client.xautoclaim_values(&self.key, INGRESS_GROUP, me, 0, cursor.as_str(), Some(count), false).await?;
             if !entries.is_empty() {
                 tracing::info!(shard = self.shard, entries = entries.len(), "took over pending ingress entries");
-                let Some(done) = self.process(client, entries, cancel).await? else {
+                let Some(done) = self.process(client, entries, cancel, lane).await? else {
                     return Ok(());
                 };
                 self.acknowledge(client, done).await?;
@@ -139,7 +146,7 @@ impl IngressShard {
             if entries.is_empty() {
                 continue;
             }
-            match self.process(client, entries, cancel).await? {
+            match self.process(client, entries, cancel, lane).await? {
                 Some(xids) => done = xids,
                 None => return Ok(()),
             }
@@ -147,20 +154,22 @@ impl IngressShard {
     }
 
     /// Commits one batch (through the group committer, which answers and fans out): its
-    /// sends and timeline changes in stream order, then its reads and delivered
-    /// positions; the ids of its entries left to acknowledge (a timeline change is
-    /// acknowledged as soon as it commits). `Ok(None)` when the shard must stop (lease
+    /// sends and timeline changes in stream order, then its delivered positions, and
+    /// hands its reads to the read lane (which acknowledges them once applied); the ids
+    /// of its entries left to acknowledge (a timeline change is acknowledged as soon as
+    /// it commits). `Ok(None)` when the shard must stop (lease
     /// lost or shutdown) with the rest of the batch left pending.
     async fn process(
         &self,
         client: &Client,
         entries: Vec<Entry>,
         cancel: &CancellationToken,
+        lane: &ReadLane,
     ) -> Result<Option<Vec<String>>, Error> {
         let s = &self.shared;
         let mut xids = Vec::with_capacity(entries.len());
         let mut steps: Vec<Step> = Vec::new();
-        let mut reads = Vec::new();
+        let (mut reads, mut read_xids) = (Vec::new(), Vec::new());
         let mut delivered = Vec::new();
         let now = now_ms();
         for (xid, fields) in &entries {
@@ -179,7 +188,7 @@ impl IngressShard {
                 Some(IngressRequest::Timeline(t)) => steps.push(Step::Timeline(Box::new(t), xid.clone())),
                 Some(IngressRequest::Read(r)) => {
                     reads.push(r);
-                    xids.push(xid.clone());
+                    read_xids.push(xid.clone());
                 }
                 Some(IngressRequest::Delivered(d)) => {
                     delivered.extend(d);
@@ -234,32 +243,10 @@ impl IngressShard {
         }
         xids.append(&mut committed);
 
-        // Reads after the sends of the batch, so a read of a message in it is not capped.
-        if !reads.is_empty() {
-            let outcomes = loop {
-                if cancel.is_cancelled() || !self.lease.is_valid() {
-                    return Ok(None);
-                }
-                match s.reads.apply(&reads).await {
-                    Ok(o) => break o,
-                    Err(e) => {
-                        metrics::counter!("herald_mysql_errors_total").increment(1);
-                        tracing::warn!(shard = self.shard, error = %e, "read receipts failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            };
-            let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
-            for (r, outcome) in reads.iter().zip(outcomes) {
-                by_node.entry(r.node.as_str()).or_default().sent.push(SendNotice {
-                    rid: r.rid,
-                    echo: Some(r.echo()),
-                    outcome,
-                });
-            }
-            if let Err(e) = publish(&s.redis, &s.keys, &by_node).await {
-                tracing::warn!(error = %e, "could not publish read notices");
-            }
+        // Reads after the sends of the batch, so a read of a message in it is not capped;
+        // applied by the lane while this shard goes on.
+        if !reads.is_empty() && lane.queue.send(ReadBatch { reads, xids: read_xids }).await.is_err() {
+            return Ok(None);
         }
         // Delivered positions last: nobody waits for them. In bounded statements, each
         // conversation's positions together.
