@@ -230,7 +230,7 @@ async fn a_batch_of_large_messages_is_sized_by_its_bytes_on_the_wire() {
     let mut c = Cluster::new("packetwire");
     c.mysql_url = format!("{}/{}", server.base_url(), c.db_name);
     herald_shared::db::migrate(&c.mysql_url).await.unwrap();
-    c.set("HERALD_INGRESS__SHARDS", "1").set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "60000");
+    c.set("HERALD_INGRESS__SHARDS", "1").set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "30000");
     c.start_gateway(&[]).await;
     let alice = c.client(0, "alice", "a1");
     alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
