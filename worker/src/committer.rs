@@ -13,7 +13,7 @@ use std::time::Duration;
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::IngressEntry;
 
-use crate::commit::{BatchResult, CommitError, CommitPipeline, Failure, Fence};
+use crate::commit::{BatchResult, CommitPipeline, Failure, Fence};
 use crate::lease::IdSource;
 
 /// What a refused entry's sender hears.
@@ -128,7 +128,7 @@ impl ShardCommitter<'_> {
                         back_off(50, attempt, 1_000).await;
                     }
                     Failure::Refused => {
-                        refused_by_server(self.fence.shard, &e, attempt);
+                        e.report_refusal(self.fence.shard, attempt);
                         back_off(200, attempt, 5_000).await;
                     }
                     Failure::Poison | Failure::TooLarge if !lone => {
@@ -160,17 +160,6 @@ impl ShardCommitter<'_> {
         tracing::error!(shard = self.fence.shard, error, code = code.as_str(), tenant = %e0.tenant, conv = %e0.conv,
             cmid = %e0.cmid, "the database refuses this message; it is refused and the shard goes on");
     }
-}
-
-/// A batch the server refused for a reason of its own (read-only, disk full, a
-/// privilege, a statement it does not know): counted for the alert
-/// (`HeraldMysqlRefusesCommits`) and logged; the batch waits.
-pub fn refused_by_server(shard: u32, e: &CommitError, attempt: u32) {
-    let code = e.mysql_number().map_or_else(|| "none".to_owned(), |n| n.to_string());
-    metrics::counter!("herald_mysql_refusals_total", "code" => code).increment(1);
-    metrics::counter!("herald_mysql_errors_total").increment(1);
-    tracing::error!(shard, error = %e, attempt,
-        "MySQL refuses commits for a reason that is not the messages' (read-only? disk full? a privilege?); waiting");
 }
 
 #[cfg(test)]

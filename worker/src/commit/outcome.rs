@@ -55,6 +55,17 @@ impl CommitError {
         }
     }
 
+    /// A batch the server refused for a reason of its own (read-only, disk full, a
+    /// privilege, a statement it does not know): counted for the alert
+    /// (`HeraldMysqlRefusesCommits`) and logged; the batch waits.
+    pub fn report_refusal(&self, shard: u32, attempt: u32) {
+        let code = self.mysql_number().map_or_else(|| "none".to_owned(), |n| n.to_string());
+        metrics::counter!("herald_mysql_refusals_total", "code" => code).increment(1);
+        metrics::counter!("herald_mysql_errors_total").increment(1);
+        tracing::error!(shard, error = %self, attempt,
+            "MySQL refuses commits for a reason that is not the messages' (read-only? disk full? a privilege?); waiting");
+    }
+
     /// The MySQL error number, for the refusal metric's label.
     pub fn mysql_number(&self) -> Option<u16> {
         match self {

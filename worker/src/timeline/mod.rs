@@ -74,7 +74,7 @@ impl TimelineCommitter {
                     tokio::time::sleep(Duration::from_millis((50 * u64::from(attempt)).min(1_000))).await;
                 }
                 Failure::Refused => {
-                    crate::committer::refused_by_server(fence.shard, &err, attempt);
+                    err.report_refusal(fence.shard, attempt);
                     tokio::time::sleep(Duration::from_millis((200 * u64::from(attempt)).min(5_000))).await;
                 }
                 Failure::Poison | Failure::TooLarge => {
