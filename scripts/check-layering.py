@@ -16,7 +16,7 @@ LAYERS = {
     "shared": [
         ["metric_catalog"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
-        ["redis", "db", "auth"],
+        ["redis", "db", "auth", "mysql_server"],
         ["keys", "config", "service_token"],
         ["protocol", "device_state"],
         ["ops"],
@@ -50,7 +50,7 @@ LAYERS = {
         ["lease", "batch", "projections", "janitor"],
         ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer", "timeline"],
-        ["context"],
+        ["context", "server_check"],
         ["group"],
         ["ingress", "trace"],
         ["admin"],

@@ -79,6 +79,8 @@ pub enum GatewayError {
     Eviction(String),
     #[error("cannot read Redis maxmemory-policy: CONFIG GET was refused ({0}). Managed Redis services often refuse CONFIG. If this Redis never evicts keys (maxmemory-policy noeviction), turn the check off: gateway.require_noeviction = false (HERALD_GATEWAY__REQUIRE_NOEVICTION=false; chart: redis.requireNoeviction=false)")]
     EvictionUnknown(fred::error::Error),
+    #[error("the MySQL server cannot be used: {0}")]
+    MysqlServer(String),
     #[error("gateway TLS: {0}")]
     Tls(#[from] herald_shared::tls::TlsError),
     #[error("cannot bind {addr}: {source}")]
@@ -100,6 +102,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             return Err(GatewayError::Eviction(policy));
         }
     }
+    check_mysql_server(&db).await?;
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let waiters = Arc::new(SendWaiters::default());
     let channels = vec![keys.node_channel(&cfg.node_id), keys.presence_channel()];
@@ -253,6 +256,28 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     Ok(())
 }
 
+/// Band pages, recovery and sync read `mysql_url`: on a replica or a reader endpoint
+/// they could move past rows not yet replicated, and lose pushes for good. A server that
+/// is not the writable primary, or not one Herald supports, is refused; one that does
+/// not answer yet is checked by the health loop once it does.
+async fn check_mysql_server(db: &sqlx::MySqlPool) -> Result<(), GatewayError> {
+    match tokio::time::timeout(Duration::from_secs(5), herald_shared::mysql_server::inspect(db)).await {
+        Ok(Ok(server)) => {
+            let mut problems = server.role_problems();
+            if let Err(e) = server.dialect() {
+                problems.insert(0, e);
+            }
+            if !problems.is_empty() {
+                return Err(GatewayError::MysqlServer(problems.join("; ")));
+            }
+            metrics::gauge!("herald_mysql_primary").set(1.0);
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "MySQL server not checked at start; the health loop checks it"),
+        Err(_) => tracing::warn!("MySQL did not answer at start; the health loop checks its role"),
+    }
+    Ok(())
+}
+
 fn statement_timeout(cfg: &Config) -> Duration {
     Duration::from_millis(cfg.mysql_statement_timeout_ms)
 }
@@ -279,6 +304,9 @@ impl Health {
                 if let Ok(policy) = herald_shared::redis::eviction_policy(self.redis.next()).await {
                     metrics::gauge!("herald_redis_noeviction").set(if policy == "noeviction" { 1.0 } else { 0.0 });
                 }
+            }
+            if rounds.is_multiple_of(60) {
+                herald_shared::mysql_server::report_role(&self.db).await;
             }
             rounds += 1;
             let db_ok = herald_shared::db::migrations_applied(&self.db).await;

@@ -10,7 +10,8 @@
 //! - [`keys`]: the Redis key schema, device keys and presence values;
 //!   [`device_state`]: freeing what Redis holds for a device.
 //! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
-//! - [`db`]: the MySQL schema (migrations) and pools.
+//! - [`db`]: the MySQL schema (migrations) and pools; [`mysql_server`]: the server's
+//!   flavour, version, role (primary or not) and packet limit, checked at start.
 //! - [`redis`]: Redis connection settings; [`tls`]: rustls settings for every hop.
 //! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
 //! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
@@ -26,6 +27,7 @@ pub mod error;
 pub mod ids;
 pub mod keys;
 pub mod metric_catalog;
+pub mod mysql_server;
 pub mod ops;
 pub mod process;
 pub mod process_metrics;

@@ -131,6 +131,11 @@ pub const METRICS: &[Metric] = &[
     ),
     // Errors by dependency.
     counter("herald_mysql_errors_total", "Requests failed by a MySQL error."),
+    counter(
+        "herald_mysql_refusals_total",
+        "Commits MySQL refused for a reason not the messages' own (read-only, disk full, a privilege), by error number; retried.",
+    ),
+    gauge("herald_mysql_primary", "1 when the MySQL server is the writable primary (not read-only, not replicating)."),
     counter("herald_redis_errors_total", "Operations failed by a Redis error, by source."),
     // Worker: ingress and commits.
     gauge("herald_worker_owned_shards", "Ingress shards whose lease this worker holds."),

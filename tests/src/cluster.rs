@@ -172,6 +172,20 @@ impl Cluster {
         self.workers.len() - 1
     }
 
+    /// Starts a worker that may refuse to start: its log when it exited first.
+    pub async fn try_start_worker(&mut self, extra: &[(&str, &str)]) -> Result<usize, String> {
+        let p = self.launch(Kind::Worker, extra, None).await?;
+        self.workers.push(p);
+        Ok(self.workers.len() - 1)
+    }
+
+    /// Starts a gateway that may refuse to start: its log when it exited first.
+    pub async fn try_start_gateway(&mut self, extra: &[(&str, &str)]) -> Result<usize, String> {
+        let p = self.launch(Kind::Gateway, extra, None).await?;
+        self.gateways.push(p);
+        Ok(self.gateways.len() - 1)
+    }
+
     pub async fn start_gateway(&mut self, extra: &[(&str, &str)]) -> usize {
         let p = self.launch(Kind::Gateway, extra, None).await.unwrap_or_else(|log| panic!("{log}"));
         self.gateways.push(p);

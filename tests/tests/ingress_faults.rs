@@ -149,3 +149,124 @@ async fn a_worker_whose_shard_was_taken_over_commits_nothing_with_its_old_token(
     let log = std::fs::read_to_string(c.log_dir.join(format!("{}.log", c.workers[0].name))).unwrap();
     assert!(log.contains("shard taken over by another worker; stopping"), "the old token's commit was refused");
 }
+
+/// A server that refuses every write for a reason of its own (here a privilege revoked
+/// from the worker's user; a read-only server, a full disk or a statement the server
+/// does not know fail alike) is not the messages' fault: the sends wait, their senders
+/// get `unavailable` when the send deadline passes, and a resend commits once the server
+/// takes writes again, exactly once. Before: each send was refused alone as poison,
+/// `bad_request`, and never stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_wait_while_the_database_refuses_writes_and_commit_once_it_takes_them() {
+    let server = MariaDb::start().await;
+    let mut c = Cluster::new("refusedwrites");
+    c.mysql_url = format!("{}/{}", server.base_url(), c.db_name);
+    herald_shared::db::migrate(&c.mysql_url).await.unwrap();
+    let root = sqlx::MySqlPool::connect(&c.mysql_url).await.unwrap();
+    // The worker's own user, with privileges per table: a table privilege revoked takes
+    // effect at its connections' next statement.
+    sqlx::raw_sql("CREATE USER 'herald'@'%'").execute(&root).await.unwrap();
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE()",
+    )
+    .fetch_all(&root)
+    .await
+    .unwrap();
+    for t in &tables {
+        let grant = format!("GRANT SELECT, INSERT, UPDATE, DELETE ON `{}`.`{t}` TO 'herald'@'%'", c.db_name);
+        sqlx::raw_sql(&grant).execute(&root).await.unwrap();
+    }
+    let worker_url = format!("mysql://herald@127.0.0.1:{}/{}", server.port, c.db_name);
+    c.set("HERALD_INGRESS__SHARDS", "1").set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "3000");
+    c.start_gateway(&[]).await;
+    c.start_worker(&[("HERALD_MYSQL_URL", worker_url.as_str()), ("HERALD_WORKER__MIGRATE_ON_START", "false")]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    assert_eq!(alice.send("m1", "ab", &json!(1)).await.unwrap().seq, 1);
+
+    let on_messages = format!("`{}`.`messages`", c.db_name);
+    sqlx::raw_sql(&format!("REVOKE INSERT ON {on_messages} FROM 'herald'@'%'")).execute(&root).await.unwrap();
+    let refused = alice.send("m2", "ab", &json!(2)).await.unwrap_err();
+    assert!(
+        matches!(refused, herald_client::ClientError::Api { code: ErrorCode::Unavailable, .. }),
+        "answered unavailable at the send deadline, not refused: {refused:?}"
+    );
+    let admin = c.workers[0].admin_url();
+    assert!(metric(&admin, "herald_mysql_refusals_total").await >= 1.0, "the refusals are counted for the alert");
+    assert_eq!(metric(&admin, "herald_ingress_poison_total").await, 0.0, "nothing was taken for poison");
+
+    sqlx::raw_sql(&format!("GRANT INSERT ON {on_messages} TO 'herald'@'%'")).execute(&root).await.unwrap();
+    let r = alice.send_until_committed("m2", "ab", &json!(2), 5).await.unwrap();
+    assert_eq!(r.seq, 2, "committed once the server took writes again");
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&root).await.unwrap();
+    assert_eq!(n, 2, "m2 stored once, the resend answered with it");
+    let log = std::fs::read_to_string(c.log_dir.join(format!("{}.log", c.workers[0].name))).unwrap();
+    assert!(log.contains("MySQL refuses commits for a reason that is not the messages'"), "logged for operators");
+}
+
+/// A worker whose `worker.batch_max_bytes` a statement cannot carry under the server's
+/// `max_allowed_packet` refuses to start, saying which settings to change. Before: it
+/// started, and its first full batch was cut off by the server and retried forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_a_batch_size_the_servers_packet_cannot_carry() {
+    let server = MariaDb::start_with(&["--max-allowed-packet=1M"]).await;
+    let mut c = Cluster::new("packetcheck");
+    c.mysql_url = format!("{}/{}", server.base_url(), c.db_name);
+    let log = c.try_start_worker(&[]).await.expect_err("the default 4 MiB of batch does not fit in 1 MiB");
+    assert!(
+        log.contains("worker.batch_max_bytes (4194304)") && log.contains("max_allowed_packet (1048576)"),
+        "the refusal names both settings:\n{log}"
+    );
+    c.start_worker(&[("HERALD_WORKER__BATCH_MAX_BYTES", "1000000")]).await;
+}
+
+/// Bodies go to MySQL hex-encoded, twice their size: batches are sized by the bytes of
+/// their statements, so one of many large messages still fits in `max_allowed_packet`.
+/// Before: batches were sized by their bodies alone, a batch of 900 KB of bodies was a
+/// 1.8 MB statement, the server cut it off, and the shard retried it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_large_messages_is_sized_by_its_bytes_on_the_wire() {
+    let server = MariaDb::start_with(&["--max-allowed-packet=1M"]).await;
+    let mut c = Cluster::new("packetwire");
+    c.mysql_url = format!("{}/{}", server.base_url(), c.db_name);
+    herald_shared::db::migrate(&c.mysql_url).await.unwrap();
+    c.set("HERALD_INGRESS__SHARDS", "1").set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "30000");
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    // 40 sends of 24 KB wait in the stream, so the worker reads them as one batch.
+    let dev = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("alice", "a1"), "alice", "a1").await;
+    for k in 0..40 {
+        dev.send(&format!("m{k}"), "ab", json!("x".repeat(24_000))).await;
+    }
+    let db = c.db().await;
+    let streams = c.redis().await;
+    eventually(Duration::from_secs(10), "the 40 sends wait in the stream", || {
+        let (streams, key) = (streams.clone(), c.keys().ingress(0));
+        async move {
+            use fred::interfaces::StreamsInterface;
+            (streams.xlen::<u64, _>(key).await.ok()? == 40).then_some(())
+        }
+    })
+    .await;
+    c.start_worker(&[("HERALD_WORKER__BATCH_MAX_BYTES", "900000")]).await;
+    let admin = c.workers[0].admin_url();
+    eventually(Duration::from_secs(30), "all 40 committed", || {
+        let db = db.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.ok()?;
+            (n == 40).then_some(())
+        }
+    })
+    .await;
+    let sent = dev.sent.lock().unwrap().len();
+    assert!(sent <= 40);
+    assert_eq!(metric(&admin, "herald_ingress_poison_total").await, 0.0, "none refused");
+    let seqs: Vec<u64> =
+        sqlx::query_scalar("SELECT seq FROM messages ORDER BY CAST(SUBSTRING(client_msg_id, 2) AS UNSIGNED)")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(seqs, (1..=40).collect::<Vec<u64>>(), "in send order");
+    dev.stop().await;
+}

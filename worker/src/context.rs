@@ -21,6 +21,8 @@ use crate::timeline::TimelineCommitter;
 pub struct WorkerContext {
     pub cfg: Config,
     pub db: MySqlPool,
+    /// The MySQL server as checked at start (its packet limit bounds commits).
+    pub server: herald_shared::mysql_server::ServerInfo,
     pub redis: fred::prelude::Pool,
     pub keys: Keys,
     pub ids: IdSource,

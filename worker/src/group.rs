@@ -48,8 +48,9 @@ impl CommitRequest {
         !self.cancel.is_cancelled() && self.lease.is_valid()
     }
 
+    /// The bytes its entries take in a transaction's statements.
     fn bytes(&self) -> usize {
-        self.entries.iter().map(|e| e.body.len()).sum()
+        self.entries.iter().map(crate::committer::wire_bytes).sum()
     }
 }
 
@@ -180,6 +181,7 @@ impl GroupCommitter {
                         ids: &s.ids,
                         fence: r.fence,
                         max_bytes: s.cfg.worker.batch_max_bytes,
+                        max_packet: s.server.max_allowed_packet as usize,
                     };
                     let Some(parts) = committer.commit(&r.entries, || r.keep_going()).await else {
                         let _ = r.done.send(false);

@@ -13,6 +13,7 @@
 //!   (delivered positions and the senders' `delivered` frames), [`push`] (offline
 //!   push: unacked messages handed to the tenant's webhook), [`timeline`] (membership,
 //!   title and role changes, recalls and edits: timeline events).
+//! - [`server_check`]: the MySQL server checked at start (flavour, primary, packet).
 //! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
 //!   consumer; [`trace`]: operators' views; [`admin`]: the admin API;
 //!   [`janitor`]: expired devices, message retention, stale stream consumers.
@@ -32,6 +33,7 @@ pub mod outbox;
 pub mod projections;
 pub mod push;
 pub mod reads;
+pub mod server_check;
 pub mod timeline;
 pub mod trace;
 
@@ -60,6 +62,8 @@ pub enum WorkerError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("redis: {0}")]
     Redis(#[from] fred::error::Error),
+    #[error("the MySQL server cannot be used: {0}")]
+    Server(String),
     #[error("cannot bind {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
 }
@@ -81,14 +85,20 @@ pub async fn rebuild_projections(cfg: &Config, dry_run: bool) -> Result<projecti
 /// Runs the worker until `shutdown` completes.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
     let metrics = herald_shared::telemetry::init_metrics();
-    if cfg.worker.migrate_on_start {
-        migrate(&cfg).await?;
-    }
     let db = herald_shared::db::pool(
         &cfg.mysql_url,
         cfg.worker.db_pool_size,
         Some(Duration::from_millis(cfg.mysql_statement_timeout_ms)),
     )?;
+    if cfg.worker.migrate_on_start {
+        migrate(&cfg).await?;
+    }
+    tokio::pin!(shutdown);
+    // Before any commit: a server Herald cannot run on is refused.
+    let (server, dialect) = tokio::select! {
+        checked = server_check::at_start(&db, &cfg) => checked.map_err(WorkerError::Server)?,
+        () = &mut shutdown => return Ok(()),
+    };
     let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
     let keys = Keys::new(cfg.redis_key_prefix.clone());
     let mut fanout = Fanout::new(
@@ -135,6 +145,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
                 recall_ms: cfg.worker.recall_window_s.saturating_mul(1000),
                 edit_ms: cfg.worker.edit_window_s.saturating_mul(1000),
             },
+            dialect,
         },
     };
     let mut commit = CommitPipeline::new(
@@ -143,12 +154,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         cfg.outbox.first_retry_delay_ms,
         cfg.delivery.sync_settle_ms,
         cfg.delivery.device_ttl_s * 1000,
+        dialect,
     );
     // Keys of deleted messages are looked up while retention deletes messages, or once
     // it did (a retention since turned off leaves its keys).
     commit.keys_outlive_messages = cfg.worker.retention_enabled() || janitor::keys_kept(&db).await?;
     let shared = Arc::new(WorkerContext {
         commit,
+        server,
         cfg,
         db,
         redis,
@@ -268,6 +281,9 @@ async fn health_loop(shared: Arc<WorkerContext>, ready: Readiness, cancel: Cance
     loop {
         if rounds.is_multiple_of(600) {
             check_durability(&shared.db).await;
+        }
+        if rounds.is_multiple_of(60) && rounds > 0 {
+            herald_shared::mysql_server::report_role(&shared.db).await;
         }
         rounds += 1;
         let db_ok = herald_shared::db::migrations_applied(&shared.db).await;

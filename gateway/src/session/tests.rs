@@ -268,3 +268,46 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
 fn admission(epoch: u64) -> Admission {
     Admission { watermark: None, epoch }
 }
+
+/// A node that drains applies the read positions a device sends, and answers its other
+/// requests `unavailable`, instead of dropping them: while it waits for the acks of what
+/// is in flight, and after its close frame (what the device sent before it saw it).
+/// Before: only acks were read while draining; a session with nothing in flight closed
+/// at once and never read the rest.
+#[tokio::test]
+async fn a_draining_session_applies_reads_and_refuses_sends() {
+    let f = fixture("d1").await;
+    let id = (1u64 << 62) + 1;
+    fill(&f, "d1", &[id]).await;
+    let (socket, mut peer) = socket_pair();
+    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), admission(1), socket, super::Features::default()));
+    assert!(matches!(peer.next().await, Ok(ServerFrame::Hello(_))));
+    assert!(matches!(peer.next().await, Ok(ServerFrame::Msg(_))), "one message in flight");
+    f.env.drain.cancel();
+    assert!(matches!(peer.next().await, Ok(ServerFrame::Reconnect(_))));
+    // While the message is in flight: a send is refused, a read is applied.
+    peer.to_server.send(Message::Text(r#"{"t":"send","cmid":"late","conv":"c","body":{}}"#.into())).unwrap();
+    match peer.next().await {
+        Ok(ServerFrame::Error(e)) => {
+            assert_eq!((e.code, e.reference.as_deref()), (herald_shared::error::ErrorCode::Unavailable, Some("late")));
+        }
+        other => panic!("the send is refused, not dropped: {other:?}"),
+    }
+    peer.send(ClientFrame::Read(herald_shared::protocol::ReadFrame { conv: "c".into(), seq: 3 }));
+    peer.send(ClientFrame::Ack(herald_shared::protocol::AckFrame { ids: vec![MsgId(id)] }));
+    assert_eq!(peer.next().await.unwrap_err(), Some(4003));
+    // Sent as the close frame was on its way: read before the session ends.
+    peer.send(ClientFrame::Read(herald_shared::protocol::ReadFrame { conv: "c".into(), seq: 4 }));
+    drop(peer);
+    session.await.unwrap();
+    let stream = f.keys.ingress(0);
+    let entries: Vec<(String, HashMap<String, String>)> = f.redis.xrange(&stream, "-", "+", None).await.unwrap();
+    let left: u64 = f.redis.zcard(f.keys.pending("t", "u", "d1")).await.unwrap();
+    let _: i64 = f.redis.del(vec![stream, f.keys.devices("t", "u"), f.keys.presence("t", "u")]).await.unwrap();
+    let field = |e: &HashMap<String, String>, k: &str| e.get(k).cloned().unwrap_or_default();
+    let reads: Vec<(String, String, String)> =
+        entries.iter().map(|(_, e)| (field(e, "k"), field(e, "conv"), field(e, "seq"))).collect();
+    let reads: Vec<(&str, &str, &str)> = reads.iter().map(|(k, c, s)| (k.as_str(), c.as_str(), s.as_str())).collect();
+    assert_eq!(reads, vec![("read", "c", "3"), ("read", "c", "4")], "both reads went to the worker, no send");
+    assert_eq!(left, 0, "the ack was recorded");
+}

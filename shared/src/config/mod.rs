@@ -119,7 +119,7 @@ const ROOT_KEYS: &[Key] = &[
         "mysql_url",
         "mysql://root@127.0.0.1:3306/herald",
         BOTH,
-        "MySQL or MariaDB URL; TLS with its `ssl-mode` and `ssl-ca` parameters (docs/operations.md).",
+        "URL of the MySQL or MariaDB primary (never a replica, reader endpoint or read/write-splitting proxy); TLS with its `ssl-mode` and `ssl-ca` parameters (docs/operations.md).",
     ),
     Key::new(
         "redis_url",

@@ -10,10 +10,12 @@ section! {
     {
         /// Most stream entries committed in one MySQL transaction.
         pub batch_max: usize = "512",
-        /// Most bytes of message bodies committed in one MySQL transaction (4 MiB).
+        /// Most bytes a MySQL transaction's statements carry for its messages (4 MiB).
         ///
-        /// Its statement must stay below the server's `max_allowed_packet`; one message
-        /// always goes, whatever its size.
+        /// Counted as sent: every string hex-encoded (twice its size) plus each row's
+        /// numbers. With 4 KiB of SQL around it, it must fit in the server's
+        /// `max_allowed_packet`: the worker refuses to start otherwise. A message alone
+        /// always goes, unless it cannot fit in a packet (answered `too_large`).
         pub batch_max_bytes: usize = "4194304",
         /// MySQL transactions of sends a worker runs at once.
         ///

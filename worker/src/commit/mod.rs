@@ -8,7 +8,8 @@
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns. The
 //! transaction is two round trips: a script of the reads, and one of the writes with
-//! COMMIT (`script.rs`).
+//! COMMIT (`script.rs`); on MySQL, which cannot cap a write statement, three: the writes,
+//! then COMMIT once the ids' age is checked (`herald_shared::mysql_server::Dialect`).
 //! Repeats of committed messages (same tenant, sender and cmid) are refused by the
 //! unique key; only then does the batch run again, looking them up first.
 
@@ -17,6 +18,7 @@ use std::time::Instant;
 
 use herald_shared::db::TextColumns;
 use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::mysql_server::Dialect;
 use herald_shared::protocol::{IngressEntry, SendResult};
 use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::Row;
@@ -25,6 +27,7 @@ use crate::batch::{live_since, Committed, Recipient};
 use crate::lease::IdSource;
 
 mod connections;
+mod errors;
 mod fence;
 mod numbering;
 mod outcome;
@@ -33,9 +36,10 @@ pub mod script;
 mod tests;
 
 use connections::CommitConnections;
+pub use errors::Failure;
 pub use fence::Fence;
 use numbering::number;
-pub use outcome::{BatchResult, CommitError, Failure, Outcome};
+pub use outcome::{BatchResult, CommitError, Outcome};
 use script::Script;
 
 /// The answer to a cmid reused for another request (another conversation or body, or
@@ -85,11 +89,6 @@ fn mysql_error(e: &sqlx::Error) -> Option<(u16, &str)> {
     }
 }
 
-/// A statement stopped by its `max_statement_time` (1969).
-fn is_statement_timeout(e: &sqlx::Error) -> bool {
-    mysql_error(e).is_some_and(|(n, _)| n == 1969)
-}
-
 /// A message insert refused because (tenant, sender, cmid) was committed before (1062
 /// on the client message key).
 fn is_repeat(e: &sqlx::Error) -> bool {
@@ -115,6 +114,8 @@ fn lookup_keys(reads: &mut Script, table: &str, is_change: &str, entries: &[Ingr
 #[derive(Debug)]
 pub struct CommitPipeline {
     conns: CommitConnections,
+    /// How the ids are kept fresh until COMMIT on this server.
+    dialect: Dialect,
     first_retry_delay_ms: u64,
     /// Devices unseen this long are no recipients (`delivery.device_ttl_s`).
     device_ttl_ms: u64,
@@ -149,9 +150,11 @@ impl CommitPipeline {
         first_retry_delay_ms: u64,
         sync_settle_ms: u64,
         device_ttl_ms: u64,
+        dialect: Dialect,
     ) -> Self {
         CommitPipeline {
             conns: CommitConnections::new(db, commits_in_flight),
+            dialect,
             first_retry_delay_ms,
             max_id_age_ms: sync_settle_ms / 2,
             device_ttl_ms,
@@ -326,7 +329,7 @@ impl CommitPipeline {
                     metrics::counter!("herald_batches_redrawn_total").increment(1);
                     return Err(CommitError::StaleIds(age));
                 }
-                format!("SET STATEMENT max_statement_time = {:.3} FOR ", (left / 3) as f64 / 1000.0)
+                self.dialect.write_cap(left / 3)
             }
             None => String::new(),
         };
@@ -362,10 +365,15 @@ impl CommitPipeline {
             let payload = serde_json::json!({ "ids": ids }).to_string();
             writes.push("; ").push(&cap).push("INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ");
             writes.str(&payload).push(", 'PENDING', 0, ").int(now + self.first_retry_delay_ms).push(", ");
-            writes.int(now).push(", ").int(now).push("); COMMIT");
+            writes.int(now).push(", ").int(now).push(")");
+            if self.dialect.commits_with_writes() {
+                writes.push("; COMMIT");
+            }
+            let is_timeout =
+                |e: &sqlx::Error| mysql_error(e).is_some_and(|(n, _)| self.dialect.is_statement_timeout(n));
             let done = match writes.run(&mut *conn).await {
                 Ok(done) => done,
-                Err(e) if is_statement_timeout(&e) => {
+                Err(e) if is_timeout(&e) => {
                     metrics::counter!("herald_batches_redrawn_total").increment(1);
                     let age = oldest.map_or(0, |o| now_ms().saturating_sub(o.unix_ms()));
                     return Err(CommitError::StaleIds(age));
@@ -374,6 +382,9 @@ impl CommitPipeline {
             };
             let outbox = done.get(2).ok_or_else(|| sqlx::Error::Protocol("the writes script answered short".into()))?;
             result.outbox_id = Some(outbox.1.last_insert_id());
+            if !self.dialect.commits_with_writes() {
+                self.commit_if_fresh(conn, oldest).await?;
+            }
         } else {
             // Nothing new (repeats, refusals): the reads' locks go.
             let mut commit = Script::default();
@@ -413,6 +424,23 @@ impl CommitPipeline {
             }
         }
         Ok(result)
+    }
+}
+
+impl CommitPipeline {
+    /// Where writes cannot be capped (MySQL): COMMIT only if the ids are still fresh
+    /// now that the writes are done; otherwise the batch runs again with new ones (the
+    /// caller rolls back).
+    async fn commit_if_fresh(&self, conn: &mut MySqlConnection, oldest: Option<MsgId>) -> Result<(), CommitError> {
+        let age = oldest.map_or(0, |o| now_ms().saturating_sub(o.unix_ms()));
+        if age + COMMIT_MARGIN_MS > self.max_id_age_ms {
+            metrics::counter!("herald_batches_redrawn_total").increment(1);
+            return Err(CommitError::StaleIds(age));
+        }
+        let mut commit = Script::default();
+        commit.push("COMMIT");
+        commit.run(conn).await?;
+        Ok(())
     }
 }
 

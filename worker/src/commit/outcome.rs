@@ -1,9 +1,10 @@
 //! What a commit answers for each entry of its batch, and how a failed commit is
-//! classified (run again, wait, find the poison entry, or stop).
+//! classified (`errors.rs`: run again, wait, find the poison entry, or stop).
 
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::SendResult;
 
+use super::errors::{classify, mysql_code, Failure};
 use crate::batch::{Committed, Recipient};
 use crate::lease::NoIdLease;
 
@@ -40,42 +41,36 @@ pub enum CommitError {
     StaleIds(u64),
 }
 
-/// What to do about a failed commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// A deadlock, or a unique-key race with another worker during a takeover: run the
-    /// batch again (dedup finds the winner).
-    Conflict,
-    /// MySQL unreachable, overloaded or restarting, or no snowflake ids: wait, retry.
-    Transient,
-    /// MySQL refused the data itself: the same batch will fail again, so find the
-    /// entry that does it.
-    Poison,
-    /// The shard belongs to another worker now.
-    Fenced,
-}
-
 impl CommitError {
     pub fn failure(&self) -> Failure {
         match self {
             CommitError::Fenced(_) => Failure::Fenced,
             CommitError::NoIds(_) => Failure::Transient,
             CommitError::StaleIds(_) => Failure::Conflict,
-            CommitError::Db(sqlx::Error::Database(e)) => {
-                let number = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().map(|m| m.number());
-                let state = e.code().unwrap_or_default();
-                match number {
-                    // Deadlock, duplicate key.
-                    Some(1213 | 1062) => Failure::Conflict,
-                    // Lock wait timeout, too many connections, shutdown, interrupted,
-                    // statement time limit, read-only during a failover.
-                    Some(1205 | 1040 | 1053 | 1317 | 1969 | 3024 | 1290 | 1836) => Failure::Transient,
-                    _ if state == "40001" => Failure::Conflict,
-                    _ if state.starts_with("08") || state.starts_with("HYT") => Failure::Transient,
-                    _ => Failure::Poison,
-                }
-            }
-            CommitError::Db(_) => Failure::Transient,
+            CommitError::Db(e) => match mysql_code(e) {
+                Some((number, state)) => classify(number, &state),
+                // No answer from the server: the connection, the pool, the protocol.
+                None => Failure::Transient,
+            },
+        }
+    }
+
+    /// A batch the server refused for a reason of its own (read-only, disk full, a
+    /// privilege, a statement it does not know): counted for the alert
+    /// (`HeraldMysqlRefusesCommits`) and logged; the batch waits.
+    pub fn report_refusal(&self, shard: u32, attempt: u32) {
+        let code = self.mysql_number().map_or_else(|| "none".to_owned(), |n| n.to_string());
+        metrics::counter!("herald_mysql_refusals_total", "code" => code).increment(1);
+        metrics::counter!("herald_mysql_errors_total").increment(1);
+        tracing::error!(shard, error = %self, attempt,
+            "MySQL refuses commits for a reason that is not the messages' (read-only? disk full? a privilege?); waiting");
+    }
+
+    /// The MySQL error number, for the refusal metric's label.
+    pub fn mysql_number(&self) -> Option<u16> {
+        match self {
+            CommitError::Db(e) => mysql_code(e).map(|(n, _)| n),
+            _ => None,
         }
     }
 }

@@ -107,3 +107,65 @@ async fn commit_connections_are_reused_and_replaced_when_closed() {
     scratch.remove().await;
     assert_ne!(fresh_id, first_id, "the closed connection was replaced");
 }
+
+/// The MySQL dialect's commit (writes without a cap, then the ids' age checked, then
+/// COMMIT in a round trip of its own), run against MariaDB, which takes its statements
+/// too: the batch commits with its outbox row and the conversation's position, and a
+/// batch whose ids are too old by the time its writes return is rolled back, not
+/// committed.
+#[tokio::test]
+async fn the_mysql_dialect_commits_only_while_the_ids_are_fresh() {
+    let scratch = ScratchDb::create("mysqldialect").await.expect("a fresh schema");
+    let db = herald_shared::db::pool(&scratch.url, 2, None).expect("pool");
+    db.execute(
+        "INSERT INTO conversations (tenant_id, id, kind, created_at, last_active_at) VALUES ('t', 'c', 'direct', 0, 0); \
+         INSERT INTO members (tenant_id, conv_id, user_id, joined_at) VALUES ('t', 'c', 'alice', 0), ('t', 'c', 'bob', 0); \
+         INSERT INTO shard_fences (shard, token) VALUES (0, 1)",
+    )
+    .await
+    .expect("a conversation");
+    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+    let keys = herald_shared::keys::Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+    let ids = IdSource::new();
+    ids.maintain(&redis, &keys, std::time::Duration::from_secs(30)).await.expect("an id lease");
+    let entry = |cmid: &str| IngressEntry {
+        tenant: "t".into(),
+        user: "alice".into(),
+        device: "a1".into(),
+        cmid: cmid.into(),
+        conv: "c".into(),
+        body: "{}".into(),
+        node: "n".into(),
+        rid: 0,
+    };
+    let fence = [Fence { shard: 0, token: 1 }];
+
+    let fresh = CommitPipeline::new(db.clone(), 1, 1_000, 2_000, 60_000, Dialect::MySql);
+    let done = fresh.commit(&[entry("m1")], &ids, &fence).await.expect("committed");
+    assert!(matches!(&done.outcomes[..], [Outcome::Done(r)] if r.seq == 1 && !r.dup), "{:?}", done.outcomes);
+    assert!(done.outbox_id.is_some());
+
+    // Ids may be at most 100 ms old at COMMIT: with the 50 ms margin, enough to send
+    // the writes (the check before them passes), too little once a lock held elsewhere
+    // keeps the outbox insert waiting for 300 ms.
+    let stale = CommitPipeline::new(db.clone(), 1, 1_000, 200, 60_000, Dialect::MySql);
+    let mut holder = db.begin().await.expect("another transaction");
+    sqlx::query("LOCK TABLES outbox_events WRITE").execute(&mut *holder).await.ok();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let _ = sqlx::query("UNLOCK TABLES").execute(&mut *holder).await;
+        holder.rollback().await.ok();
+    });
+    let refused = stale.commit(&[entry("m2")], &ids, &fence).await;
+    release.await.expect("released");
+    let (messages, last_seq): (i64, u64) =
+        sqlx::query_as("SELECT (SELECT COUNT(*) FROM messages), (SELECT last_seq FROM conversations WHERE id = 'c')")
+            .fetch_one(&db)
+            .await
+            .expect("counts");
+    db.close().await;
+    scratch.remove().await;
+    assert!(matches!(refused, Err(CommitError::StaleIds(_))), "{refused:?}");
+    assert_eq!((messages, last_seq), (1, 1), "the stale batch was rolled back");
+}

@@ -73,7 +73,11 @@ impl TimelineCommitter {
                     tracing::warn!(shard = fence.shard, error = %err, attempt, "timeline change failed; retrying");
                     tokio::time::sleep(Duration::from_millis((50 * u64::from(attempt)).min(1_000))).await;
                 }
-                Failure::Poison => {
+                Failure::Refused => {
+                    err.report_refusal(fence.shard, attempt);
+                    tokio::time::sleep(Duration::from_millis((200 * u64::from(attempt)).min(5_000))).await;
+                }
+                Failure::Poison | Failure::TooLarge => {
                     metrics::counter!("herald_ingress_poison_total").increment(1);
                     tracing::error!(shard = fence.shard, error = %err, tenant = %e.tenant, conv = %e.conv,
                         "the database refuses this timeline change; it is refused and the shard goes on");

@@ -5,13 +5,15 @@
 //! the rules decide, and the events are inserted into `messages` with the next `seq`s
 //! and snowflake ids above the conversation's last, with the membership, title, roles
 //! or message they change, the conversation's position and an outbox row, in one round
-//! trip ending in COMMIT, each statement capped so the ids are still fresh at the end.
+//! trip ending in COMMIT, each statement capped so the ids are still fresh at the end
+//! (on MySQL, which cannot cap writes, COMMIT goes after a check of the ids' age).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::mysql_server::Dialect;
 use herald_shared::protocol::timeline::MAX_EVENTS_PER_CHANGE;
 use herald_shared::protocol::{
     ConversationKind, MemberRole, SendOutcome, SendResult, TimelineEntry, TimelineEvent, TimelineOp, MAX_CMID_LEN,
@@ -41,6 +43,8 @@ pub struct Settings {
     /// Ids older than this may not be committed (`delivery.sync_settle_ms` halved).
     pub max_id_age_ms: u64,
     pub windows: Windows,
+    /// How the ids are kept fresh until COMMIT on this server.
+    pub dialect: Dialect,
 }
 
 /// A current member as read under the lock.
@@ -129,7 +133,7 @@ pub async fn attempt(
     if left < 3 * MIN_STATEMENT_MS {
         return Err(CommitError::StaleIds(age));
     }
-    let cap = format!("SET STATEMENT max_statement_time = {:.3} FOR ", (left / 3) as f64 / 1000.0);
+    let cap = s.dialect.write_cap(left / 3);
     let committed: Vec<Committed> = plan
         .events
         .iter()
@@ -148,14 +152,26 @@ pub async fn attempt(
             event: Some(p.event.clone()),
         })
         .collect();
-    let writes = writes(e, &plan, &committed, &joins, &leaves, &cap, now, s.first_retry_delay_ms);
+    let mut writes = writes(e, &plan, &committed, &joins, &leaves, &cap, now, s.first_retry_delay_ms);
+    let with_commit = s.dialect.commits_with_writes();
+    if with_commit {
+        writes.push("; COMMIT");
+    }
     let done = match writes.run(&mut *conn).await {
         Ok(done) => done,
-        Err(err) if is_statement_timeout(&err) => return Err(CommitError::StaleIds(age)),
+        Err(err) if is_statement_timeout(&err, s.dialect) => return Err(CommitError::StaleIds(age)),
         Err(err) => return Err(err.into()),
     };
-    let outbox = done.len().checked_sub(2).and_then(|i| done.get(i));
+    let outbox = done.len().checked_sub(if with_commit { 2 } else { 1 }).and_then(|i| done.get(i));
     let outbox = outbox.ok_or_else(|| sqlx::Error::Protocol("the writes script answered short".into()))?;
+    if !with_commit {
+        // MySQL: the writes were not capped; COMMIT only while the ids are fresh.
+        let age = now_ms().saturating_sub(new_ids[0].unix_ms());
+        if age + COMMIT_MARGIN_MS > s.max_id_age_ms {
+            return Err(CommitError::StaleIds(age));
+        }
+        finish(conn).await?;
+    }
 
     let recipients = devices
         .into_iter()
@@ -201,12 +217,12 @@ async fn finish(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
     commit.run(conn).await.map(drop)
 }
 
-/// A statement stopped by its `max_statement_time` (1969).
-fn is_statement_timeout(e: &sqlx::Error) -> bool {
+/// A statement stopped by its cap.
+fn is_statement_timeout(e: &sqlx::Error, dialect: Dialect) -> bool {
     match e {
-        sqlx::Error::Database(d) => {
-            d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1969)
-        }
+        sqlx::Error::Database(d) => d
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|m| dialect.is_statement_timeout(m.number())),
         _ => false,
     }
 }
@@ -297,7 +313,7 @@ async fn devices_of(
     rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?))).collect()
 }
 
-/// The change's writes and COMMIT, as one script.
+/// The change's writes, as one script (COMMIT is added by the caller).
 #[allow(clippy::too_many_arguments)]
 fn writes(
     e: &TimelineEntry,
@@ -390,6 +406,6 @@ fn writes(
         "INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ",
     );
     w.str(&payload).push(", 'PENDING', 0, ").int(now + first_retry_delay_ms).push(", ");
-    w.int(now).push(", ").int(now).push("); COMMIT");
+    w.int(now).push(", ").int(now).push(")");
     w
 }
