@@ -178,7 +178,7 @@ both
 {{- with $all }}
 imagePullSecrets:
 {{- range . }}
-  - name: {{ ternary . (get . "name") (kindIs "string" .) }}
+  - name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
 {{- end }}
 {{- end }}
 {{- end -}}
