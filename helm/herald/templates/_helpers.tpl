@@ -100,12 +100,14 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Which processes read a HERALD_<key> setting (README.md's "used by" column; the chart
      test checks every key of that table against this): gateway, worker or both. */}}
 {{- define "herald.readers" -}}
-{{- if or (hasPrefix "GATEWAY__" .) (has . (list "SERVICE_SECRET" "LISTEN")) -}}
+{{- $parts := splitList "__" . -}}
+{{- $section := ternary (first $parts) "" (gt (len $parts) 1) -}}
+{{- if or (eq $section "GATEWAY") (has . (list "SERVICE_SECRET" "LISTEN")) -}}
 gateway
-{{- else if eq . "WORKER__PENDING_CAP" -}}
+{{- else if and (eq $section "WORKER") (eq (last $parts) "PENDING_CAP") -}}
 {{- /* The deprecated name of delivery.pending_cap, which both read. */ -}}
 both
-{{- else if or (hasPrefix "WORKER__" .) (hasPrefix "OUTBOX__" .) (hasPrefix "PUSH__" .) (eq . "ADMIN_TOKEN") -}}
+{{- else if or (has $section (list "WORKER" "OUTBOX" "PUSH")) (eq . "ADMIN_TOKEN") -}}
 worker
 {{- else -}}
 both
