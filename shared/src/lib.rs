@@ -12,7 +12,8 @@
 //! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
 //! - [`db`]: the MySQL schema (migrations) and pools.
 //! - [`redis`]: Redis connection settings; [`tls`]: rustls settings for every hop.
-//! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
+//! - [`process`]: the process skeleton: cancellation, supervised loops, readiness;
+//!   [`dependencies`]: the state of MySQL and Redis as the health loops see it.
 //! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
 //!   [`process_metrics`]: CPU, memory and descriptors of the process.
 //! - [`telemetry`]: tracing and metrics setup; [`metric_catalog`]: every metric with
@@ -21,6 +22,7 @@
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod dependencies;
 pub mod device_state;
 pub mod error;
 pub mod ids;
