@@ -25,6 +25,8 @@
     chart-checks.py readers RENDERED.yaml README.md
                                                   each component's ConfigMap holds the
                                                   keys README.md says it reads, only them
+    chart-checks.py metadata                      Chart.yaml's home, sources, icon,
+                                                  maintainers and Artifact Hub annotations
     chart-checks.py wired RENDERED.yaml VALUES.yaml
                                                   every value of ci/all-values.yaml that
                                                   platform teams set shows in the render
@@ -554,6 +556,32 @@ def wired(rendered, values_path):
     return len(ours)
 
 
+def metadata():
+    chart_dir = ROOT / "helm/herald"
+    chart = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
+    for field in ("home", "sources", "icon", "maintainers", "description", "appVersion"):
+        if not chart.get(field):
+            fail(f"Chart.yaml has no {field}")
+    for url in [chart.get("home", ""), chart.get("icon", "")] + (chart.get("sources") or []):
+        if not url.startswith("https://"):
+            fail(f"Chart.yaml: {url!r} is not an https URL")
+    icon = chart.get("icon", "")
+    if not (chart_dir / icon.rsplit("/helm/herald/", 1)[-1]).is_file():
+        fail(f"Chart.yaml: the icon {icon} is not a file of the chart")
+    ann = chart.get("annotations") or {}
+    if ann.get("artifacthub.io/license") != "Apache-2.0":
+        fail("Chart.yaml: artifacthub.io/license is not the repository's Apache-2.0")
+    values = yaml.safe_load((chart_dir / "values.yaml").read_text())
+    image = values["image"]["repository"] + ":" + (values["image"]["tag"] or chart["appVersion"])
+    images = [i["image"] for i in yaml.safe_load(ann.get("artifacthub.io/images", "[]")) or []]
+    if images != [image]:
+        fail(f"Chart.yaml: artifacthub.io/images {images} is not the chart's default image {image}")
+    for key in ("artifacthub.io/links", "artifacthub.io/changes"):
+        if not yaml.safe_load(ann.get(key, "[]")):
+            fail(f"Chart.yaml: no {key}")
+    return len(ann)
+
+
 def main():
     command, args = sys.argv[1], sys.argv[2:]
     if command == "restricted":
@@ -576,6 +604,8 @@ def main():
         readers_values(args[0], args[1])
     elif command == "readers":
         print(f"{readers(args[0], args[1])} settings' readers checked")
+    elif command == "metadata":
+        print(f"{metadata()} Artifact Hub annotations checked")
     elif command == "wired":
         print(f"{wired(args[0], args[1])} objects of the release checked")
     else:

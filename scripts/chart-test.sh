@@ -23,7 +23,9 @@
 #   ConfigMap holds the settings README.md says it reads;
 # - a worker-only change and a chart bump leave the gateway pod template unchanged; an
 #   annotation change renames the migrations Job, an unchanged render keeps its name;
-#   the hook and argocd modes carry their hook annotations.
+#   the hook and argocd modes carry their hook annotations;
+# - Chart.yaml has home, sources, icon, maintainers and Artifact Hub annotations naming
+#   the default image.
 # helm (v4) comes from the npm package that ships it, kubernetes-validate from PyPI,
 # promtool from Debian's prometheus package (only the binary is used; no server runs).
 set -euo pipefail
@@ -245,6 +247,9 @@ if "$helm" template platform "$umbrella" --set herald.gateway.replica=3 > /dev/n
   exit 1
 fi
 grep -q "additional properties 'replica' not allowed" "$out/umbrella-bad.err" || { cat "$out/umbrella-bad.err" >&2; exit 1; }
+
+log "Chart.yaml: home, sources, icon, maintainers, Artifact Hub annotations"
+"$py" scripts/chart-checks.py metadata
 
 log "every documented value is set by ci/all-values.yaml"
 "$py" scripts/chart-readme.py --paths > "$out/paths.txt"
