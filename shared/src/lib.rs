@@ -28,6 +28,8 @@ pub mod error;
 pub mod ids;
 pub mod keys;
 pub mod metric_catalog;
+#[cfg(test)]
+mod migration_rules;
 pub mod ops;
 pub mod process;
 pub mod process_metrics;
