@@ -14,6 +14,22 @@
                                                   the values (chart defaults, then each
                                                   VALUES) ask for, in every pod, and no
                                                   others
+    chart-checks.py pod-labels RENDERED.yaml...   pod templates carry no chart or version
+                                                  label, and their selector's labels
+    chart-checks.py pod-template RENDERED.yaml KIND NAME
+                                                  prints the pod template of one object
+                                                  (canonical JSON), to compare renders
+    chart-checks.py job-name RENDERED.yaml        prints the migrations Job's name
+    chart-checks.py readers-values README.md OUT  writes a values file setting `config`
+                                                  to every key of README.md's table
+    chart-checks.py readers RENDERED.yaml README.md
+                                                  each component's ConfigMap holds the
+                                                  keys README.md says it reads, only them
+    chart-checks.py metadata                      Chart.yaml's home, sources, icon,
+                                                  maintainers and Artifact Hub annotations
+    chart-checks.py wired RENDERED.yaml VALUES.yaml
+                                                  every value of ci/all-values.yaml that
+                                                  platform teams set shows in the render
 """
 import json
 import re
@@ -353,6 +369,219 @@ def tls(rendered, values_paths):
     return len(seen)
 
 
+# --- pod templates, the migrations Job, config readers --------------------------------
+
+def docs_of(path):
+    return [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+
+
+def pod_labels(paths):
+    count = 0
+    for path in paths:
+        for doc in docs_of(path):
+            if doc["kind"] not in ("Deployment", "Job"):
+                continue
+            count += 1
+            where = f"{Path(path).name}: {doc['kind']} {doc['metadata']['name']}"
+            labels = doc["spec"]["template"]["metadata"].get("labels") or {}
+            for bad in ("helm.sh/chart", "app.kubernetes.io/version", "app.kubernetes.io/managed-by"):
+                if bad in labels:
+                    fail(f"{where}: the pod template carries {bad}, which changes with the chart")
+            selector = (doc["spec"].get("selector") or {}).get("matchLabels") or {}
+            for key, value in selector.items():
+                if labels.get(key) != value:
+                    fail(f"{where}: the pod template lacks its selector's {key}={value}")
+            for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"):
+                if key not in labels:
+                    fail(f"{where}: the pod template lacks {key}")
+    if count == 0:
+        fail("no pod templates found")
+    return count
+
+
+def pod_template(path, kind, name):
+    for doc in docs_of(path):
+        if doc["kind"] == kind and doc["metadata"]["name"] == name:
+            return json.dumps(doc["spec"]["template"], sort_keys=True, indent=1)
+    fail(f"{path}: no {kind} {name}")
+    return ""
+
+
+def job_name(path):
+    names = [d["metadata"]["name"] for d in docs_of(path) if d["kind"] == "Job"]
+    if len(names) != 1:
+        fail(f"{path}: {len(names)} Jobs, expected one")
+        return ""
+    return names[0]
+
+
+def readme_readers(readme):
+    """{KEY (without HERALD_): set of readers} from README.md's configuration table."""
+    rows = re.findall(r"^\| `HERALD_([A-Z0-9_]+)` \| `[^`]*` \|[^|]*\| ([a-z, ]+) \|", Path(readme).read_text(), re.M)
+    if len(rows) < 50:
+        fail(f"{readme}: only {len(rows)} configuration rows found; has the table changed?")
+    return {key: {r.strip() for r in readers.split(",")} for key, readers in rows}
+
+
+def readers_values(readme, out):
+    config = {key: "1" for key in readme_readers(readme)}
+    Path(out).write_text(yaml.safe_dump({"config": config}))
+
+
+def readers(rendered, readme):
+    want = readme_readers(readme)
+    maps = {}
+    for doc in docs_of(rendered):
+        name = doc["metadata"]["name"]
+        if doc["kind"] == "ConfigMap" and name.endswith("-config"):
+            component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+            maps[component] = {k[len("HERALD_"):] for k in doc["data"]}
+    for component in ("gateway", "worker"):
+        if component not in maps:
+            fail(f"{rendered}: no {component} ConfigMap")
+            continue
+        for key, who in want.items():
+            if (component in who) != (key in maps[component]):
+                where = "holds" if key in maps[component] else "lacks"
+                fail(f"the {component} ConfigMap {where} HERALD_{key}, read by {', '.join(sorted(who))}")
+    return len(want)
+
+
+def wired(rendered, values_path):
+    """The values platform teams set, each found where it belongs in the render (values
+    merged over the chart's defaults, as Helm merges them)."""
+    v = merged_values([values_path])
+    docs = docs_of(rendered)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    full = v["fullnameOverride"]
+
+    def get(kind, name):
+        doc = by.get((kind, name))
+        if doc is None:
+            fail(f"no {kind} {name} in the render")
+            return {}
+        return doc
+
+    def expect(what, got, want):
+        if got != want:
+            fail(f"{what}: {got!r}, expected {want!r}")
+
+    def contains(what, items, want):
+        if not isinstance(items, list) or any(w not in items for w in want):
+            fail(f"{what}: {items!r} lacks {want!r}")
+
+    ours = [d for d in docs if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/managed-by")]
+    for d in ours:
+        where = f"{d['kind']} {d['metadata']['name']}"
+        for key, value in v["commonLabels"].items():
+            expect(f"{where} label {key}", d["metadata"]["labels"].get(key), value)
+        for key, value in v["commonAnnotations"].items():
+            expect(f"{where} annotation {key}", (d["metadata"].get("annotations") or {}).get(key), value)
+    for extra in ("herald-all-extra", "herald-extra-text"):
+        get("ConfigMap", extra)
+    image = f"{v['global']['imageRegistry']}/{v['image']['repository']}:{v['image']['tag']}@{v['image']['digest']}"
+    pulls = [{"name": s["name"]} for s in v["global"]["imagePullSecrets"] + v["imagePullSecrets"]]
+    for component in ("gateway", "worker"):
+        c = v[component]
+        dep = get("Deployment", f"{full}-{component}")
+        if not dep:
+            continue
+        pod = dep["spec"]["template"]
+        spec = pod["spec"]
+        main = spec["containers"][0]
+        where = f"Deployment {full}-{component}"
+        expect(f"{where} image", main["image"], image)
+        expect(f"{where} imagePullSecrets", spec.get("imagePullSecrets"), pulls)
+        expect(f"{where} revisionHistoryLimit", dep["spec"].get("revisionHistoryLimit"), v["revisionHistoryLimit"])
+        for key, value in c["annotations"].items():
+            expect(f"{where} annotation {key}", dep["metadata"]["annotations"].get(key), value)
+        for key, value in {**v["podAnnotations"], **c["podAnnotations"]}.items():
+            expect(f"{where} pod annotation {key}", pod["metadata"]["annotations"].get(key), value)
+        for key, value in {**v["commonLabels"], **v["podLabels"], **c["podLabels"]}.items():
+            expect(f"{where} pod label {key}", pod["metadata"]["labels"].get(key), value)
+        contains(f"{where} env", main.get("env"), v["extraEnv"] + c["extraEnv"])
+        contains(f"{where} envFrom", main.get("envFrom"), v["extraEnvFrom"] + c["extraEnvFrom"])
+        expect(f"{where} initContainers", spec.get("initContainers"), c["initContainers"])
+        expect(f"{where} lifecycle", main.get("lifecycle"), c["lifecycle"])
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            got = {k: x for k, x in main[probe].items() if k != "httpGet"}
+            expect(f"{where} {probe}", got, c[probe])
+        hpa = get("HorizontalPodAutoscaler", f"{full}-{component}")
+        a = c["autoscaling"]
+        if hpa:
+            expect(f"HPA {full}-{component} behavior", hpa["spec"].get("behavior"), a["behavior"])
+            contains(f"HPA {full}-{component} metrics", hpa["spec"]["metrics"], a["metrics"])
+            resources = {m["resource"]["name"]: m["resource"]["target"]["averageUtilization"]
+                         for m in hpa["spec"]["metrics"] if m["type"] == "Resource"}
+            want = {k: x for k, x in (("cpu", a["targetCPUUtilizationPercentage"]),
+                                       ("memory", a["targetMemoryUtilizationPercentage"])) if x}
+            expect(f"HPA {full}-{component} resource targets", resources, want)
+    svc = get("Service", f"{full}-gateway")
+    s = v["gateway"]["service"]
+    if svc:
+        for key in ("externalTrafficPolicy", "loadBalancerSourceRanges", "loadBalancerClass"):
+            expect(f"Service {full}-gateway {key}", svc["spec"].get(key), s[key])
+        expect(f"Service {full}-gateway nodePort", svc["spec"]["ports"][0].get("nodePort"), s["nodePort"])
+        for key, value in s["labels"].items():
+            expect(f"Service {full}-gateway label {key}", svc["metadata"]["labels"].get(key), value)
+    route = get("HTTPRoute", f"{full}-gateway")
+    r = v["gateway"]["httpRoute"]
+    if route:
+        expect("HTTPRoute parentRefs", route["spec"]["parentRefs"], r["parentRefs"])
+        expect("HTTPRoute hostnames", route["spec"]["hostnames"], r["hostnames"])
+        rule = route["spec"]["rules"][0]
+        expect("HTTPRoute timeouts", rule.get("timeouts"), r["timeouts"])
+        expect("HTTPRoute path", rule["matches"], [{"path": {"type": "PathPrefix", "value": "/v1"}}])
+        expect("HTTPRoute backend", rule["backendRefs"], [{"name": f"{full}-gateway", "port": s["port"]}])
+        for key, value in r["annotations"].items():
+            expect(f"HTTPRoute annotation {key}", route["metadata"]["annotations"].get(key), value)
+    sm = get("ServiceMonitor", full)
+    m = v["metrics"]["serviceMonitor"]
+    for endpoint in (sm.get("spec") or {}).get("endpoints", []):
+        expect("ServiceMonitor scrapeTimeout", endpoint.get("scrapeTimeout"), m["scrapeTimeout"])
+        contains("ServiceMonitor relabelings", endpoint.get("relabelings"), m["relabelings"])
+        expect("ServiceMonitor metricRelabelings", endpoint.get("metricRelabelings"), m["metricRelabelings"])
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    mig = v["migrations"]
+    for job in jobs:
+        expect("Job activeDeadlineSeconds", job["spec"].get("activeDeadlineSeconds"), mig["activeDeadlineSeconds"])
+        expect("Job ttlSecondsAfterFinished", job["spec"].get("ttlSecondsAfterFinished"), mig["ttlSecondsAfterFinished"])
+        pod = job["spec"]["template"]
+        for key, value in {**v["podAnnotations"], **mig["podAnnotations"]}.items():
+            expect(f"Job pod annotation {key}", pod["metadata"]["annotations"].get(key), value)
+        contains("Job env", pod["spec"]["containers"][0].get("env"), v["extraEnv"] + mig["extraEnv"])
+        contains("Job envFrom", pod["spec"]["containers"][0].get("envFrom"), v["extraEnvFrom"])
+    if len(jobs) != 1:
+        fail(f"{len(jobs)} migrations Jobs")
+    return len(ours)
+
+
+def metadata():
+    chart_dir = ROOT / "helm/herald"
+    chart = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
+    for field in ("home", "sources", "icon", "maintainers", "description", "appVersion"):
+        if not chart.get(field):
+            fail(f"Chart.yaml has no {field}")
+    for url in [chart.get("home", ""), chart.get("icon", "")] + (chart.get("sources") or []):
+        if not url.startswith("https://"):
+            fail(f"Chart.yaml: {url!r} is not an https URL")
+    icon = chart.get("icon", "")
+    if not (chart_dir / icon.rsplit("/helm/herald/", 1)[-1]).is_file():
+        fail(f"Chart.yaml: the icon {icon} is not a file of the chart")
+    ann = chart.get("annotations") or {}
+    if ann.get("artifacthub.io/license") != "Apache-2.0":
+        fail("Chart.yaml: artifacthub.io/license is not the repository's Apache-2.0")
+    values = yaml.safe_load((chart_dir / "values.yaml").read_text())
+    image = values["image"]["repository"] + ":" + (values["image"]["tag"] or chart["appVersion"])
+    images = [i["image"] for i in yaml.safe_load(ann.get("artifacthub.io/images", "[]")) or []]
+    if images != [image]:
+        fail(f"Chart.yaml: artifacthub.io/images {images} is not the chart's default image {image}")
+    for key in ("artifacthub.io/links", "artifacthub.io/changes"):
+        if not yaml.safe_load(ann.get(key, "[]")):
+            fail(f"Chart.yaml: no {key}")
+    return len(ann)
+
+
 def main():
     command, args = sys.argv[1], sys.argv[2:]
     if command == "restricted":
@@ -365,6 +594,20 @@ def main():
         print(f"{tls(args[0], args[1:])} components' TLS files, env and URLs checked")
     elif command == "covers":
         covers(args[0], args[1])
+    elif command == "pod-labels":
+        print(f"{pod_labels(args)} pod templates checked")
+    elif command == "pod-template":
+        print(pod_template(args[0], args[1], args[2]))
+    elif command == "job-name":
+        print(job_name(args[0]))
+    elif command == "readers-values":
+        readers_values(args[0], args[1])
+    elif command == "readers":
+        print(f"{readers(args[0], args[1])} settings' readers checked")
+    elif command == "metadata":
+        print(f"{metadata()} Artifact Hub annotations checked")
+    elif command == "wired":
+        print(f"{wired(args[0], args[1])} objects of the release checked")
     else:
         sys.exit(f"unknown command {command}")
     if failures:

@@ -14,7 +14,18 @@
 # - the dashboard's queries use the namespace/job/pod variables, one unit per panel,
 #   $__rate_interval, and only metrics of the metric catalog; likewise the alerts, whose
 #   runbook links name sections of docs/operations.md;
-# - promtool test rules: every alert on synthetic series, blind spots included.
+# - promtool test rules: every alert on synthetic series, blind spots included;
+# - as a subchart: a dependency of an umbrella chart with `global` (its own keys too) and
+#   `herald.enabled`, rendered twice identically and validated; `enabled: false` renders
+#   nothing of Herald;
+# - every value platform teams set is wired into the render (chart-checks.py wired);
+#   pod templates carry selector labels, no chart or version label; each component's
+#   ConfigMap holds the settings README.md says it reads;
+# - a worker-only change and a chart bump leave the gateway pod template unchanged; an
+#   annotation change renames the migrations Job, an unchanged render keeps its name;
+#   the hook and argocd modes carry their hook annotations;
+# - Chart.yaml has home, sources, icon, maintainers and Artifact Hub annotations naming
+#   the default image.
 # helm (v4) comes from the npm package that ships it, kubernetes-validate from PyPI,
 # promtool from Debian's prometheus package (only the binary is used; no server runs).
 set -euo pipefail
@@ -137,6 +148,109 @@ grep -q "helm.sh/hook: pre-install,pre-upgrade" "$out/production-hook.yaml" \
   || { echo "migrations.mode=hook rendered no hook Job" >&2; exit 1; }
 grep -q "^kind: Job$" "$out/none.yaml" && { echo "migrations.mode=none rendered a Job" >&2; exit 1; }
 
+log "every value platform teams set is wired; pod templates carry selector labels only"
+"$py" scripts/chart-checks.py wired "$out/all.yaml" "$chart/ci/all-values.yaml"
+"$py" scripts/chart-checks.py pod-labels "$out/default.yaml" "$out/production.yaml" "$out/all.yaml" \
+  "$out/production-hook.yaml"
+log "each component's ConfigMap holds what it reads (README.md's \"used by\")"
+"$py" scripts/chart-checks.py readers-values README.md "$out/readers.yaml"
+"$helm" template herald "$chart" "${required[@]}" -f "$out/readers.yaml" > "$out/readers.render.yaml"
+"$py" scripts/chart-checks.py readers "$out/readers.render.yaml" README.md
+
+log "a worker-only change and a chart bump leave the gateway pod template unchanged"
+template() { "$py" scripts/chart-checks.py pod-template "$1" Deployment "$2"; }
+cat > "$out/worker-only.yaml" <<'YAML'
+config: {OUTBOX__MAX_ATTEMPTS: "9", PUSH__DELAY_MS: "5000", WORKER__BATCH_MAX: "200"}
+secrets: {adminToken: a-new-admin-token}
+worker:
+  resources: {requests: {cpu: "2", memory: 1Gi}}
+  podAnnotations: {example.com/rolled: "1"}
+  extraEnv: [{name: HERALD_OUTBOX__CLAIM_BATCH, value: "50"}]
+YAML
+"$helm" template herald "$chart" "${required[@]}" -f "$out/worker-only.yaml" > "$out/worker-only.render.yaml"
+cmp -s <(template "$out/default.yaml" herald-gateway) <(template "$out/worker-only.render.yaml" herald-gateway) \
+  || { diff <(template "$out/default.yaml" herald-gateway) <(template "$out/worker-only.render.yaml" herald-gateway) >&2; \
+       echo "a worker-only change changed the gateway pod template" >&2; exit 1; }
+cmp -s <(template "$out/default.yaml" herald-worker) <(template "$out/worker-only.render.yaml" herald-worker) \
+  && { echo "the worker-only change did not reach the worker pod template" >&2; exit 1; }
+# A gateway setting rolls the gateways (the comparison above can fail).
+"$helm" template herald "$chart" "${required[@]}" --set config.GATEWAY__HEARTBEAT_MS=20000 > "$out/gateway-only.yaml"
+cmp -s <(template "$out/default.yaml" herald-gateway) <(template "$out/gateway-only.yaml" herald-gateway) \
+  && { echo "a gateway setting did not change the gateway pod template" >&2; exit 1; }
+cmp -s <(template "$out/default.yaml" herald-worker) <(template "$out/gateway-only.yaml" herald-worker) \
+  || { echo "a gateway-only setting changed the worker pod template" >&2; exit 1; }
+cp -r "$chart" "$out/bumped"
+sed -i 's/^version: .*/version: 99.0.0-bump/' "$out/bumped/Chart.yaml"
+"$helm" template herald "$out/bumped" "${required[@]}" > "$out/bumped.yaml"
+grep -q "helm.sh/chart: herald-99.0.0-bump" "$out/bumped.yaml" || { echo "the bumped chart was not rendered" >&2; exit 1; }
+for deployment in herald-gateway herald-worker herald-probe; do
+  cmp -s <(template "$out/default.yaml" "$deployment") <(template "$out/bumped.yaml" "$deployment") \
+    || { echo "a chart bump changed the $deployment pod template" >&2; exit 1; }
+done
+
+log "the migrations Job: renamed by a change of its spec only; hook modes"
+job() { "$py" scripts/chart-checks.py job-name "$1"; }
+"$helm" template herald "$chart" "${required[@]}" --set-string podAnnotations.example\\.com/rotated=2 > "$out/annotated.yaml"
+"$helm" template herald "$chart" "${required[@]}" --set-string migrations.podAnnotations.example\\.com/x=1 > "$out/annotated-job.yaml"
+[ "$(job "$out/default.yaml")" != "$(job "$out/annotated.yaml")" ] \
+  || { echo "a podAnnotations change kept the migrations Job's name $(job "$out/default.yaml")" >&2; exit 1; }
+[ "$(job "$out/default.yaml")" != "$(job "$out/annotated-job.yaml")" ] \
+  || { echo "a migrations.podAnnotations change kept the migrations Job's name" >&2; exit 1; }
+[ "$(job "$out/default.yaml")" = "$(job "$out/bumped.yaml")" ] \
+  || { echo "a chart bump renamed the migrations Job" >&2; exit 1; }
+[ "$(job "$out/default.yaml")" = "$(job "$out/worker-only.render.yaml")" ] \
+  || { echo "a change outside the Job's spec renamed it" >&2; exit 1; }
+"$helm" template herald "$chart" "${required[@]}" --set migrations.mode=argocd > "$out/argocd.yaml"
+grep -q "argocd.argoproj.io/hook: Sync" "$out/argocd.yaml" || { echo "migrations.mode=argocd rendered no Sync hook" >&2; exit 1; }
+[ "$(grep -c 'argocd.argoproj.io/sync-wave: "-2"' "$out/argocd.yaml")" -eq 4 ] \
+  || { echo "migrations.mode=argocd: the ConfigMaps, Secret and ServiceAccount are not in wave -2" >&2; exit 1; }
+grep -q "argocd.argoproj.io" "$out/default.yaml" && { echo "migrations.mode=job rendered Argo CD hooks" >&2; exit 1; }
+
+log "as a subchart: an umbrella chart with global and herald.enabled"
+umbrella="$out/umbrella"
+mkdir -p "$umbrella"
+cat > "$umbrella/Chart.yaml" <<YAML
+apiVersion: v2
+name: platform
+version: 1.0.0
+dependencies:
+  - name: herald
+    version: "*"
+    repository: "file://$(pwd)/$chart"
+    condition: herald.enabled
+YAML
+cat > "$umbrella/values.yaml" <<'YAML'
+global:
+  imageRegistry: mirror.example.com
+  imagePullSecrets: [mirror-credentials]
+  # Keys other subcharts read: accepted.
+  storageClass: fast
+  postgresql: {auth: {existingSecret: pg}}
+herald:
+  enabled: true
+  commonLabels: {example.com/platform: im}
+  secrets: {jwtSecret: 0123456789abcdef0123456789abcdef}
+YAML
+"$helm" dependency build "$umbrella" > /dev/null
+"$helm" template platform "$umbrella" "${operator[@]}" > "$out/umbrella.yaml"
+"$helm" template platform "$umbrella" "${operator[@]}" > "$out/umbrella-again.yaml"
+cmp -s "$out/umbrella.yaml" "$out/umbrella-again.yaml" || { echo "two umbrella renders differ" >&2; exit 1; }
+grep -q "image: mirror.example.com/herald:" "$out/umbrella.yaml" \
+  || { echo "the umbrella's global.imageRegistry did not reach the pods" >&2; exit 1; }
+grep -q "name: mirror-credentials" "$out/umbrella.yaml" \
+  || { echo "the umbrella's global.imagePullSecrets did not reach the pods" >&2; exit 1; }
+"$py" scripts/chart-checks.py pod-labels "$out/umbrella.yaml"
+"$helm" template platform "$umbrella" --set herald.enabled=false > "$out/umbrella-off.yaml"
+grep -q "herald" "$out/umbrella-off.yaml" && { echo "herald.enabled=false still rendered Herald" >&2; exit 1; }
+if "$helm" template platform "$umbrella" --set herald.gateway.replica=3 > /dev/null 2> "$out/umbrella-bad.err"; then
+  echo "the subchart's schema accepted herald.gateway.replica" >&2
+  exit 1
+fi
+grep -q "additional properties 'replica' not allowed" "$out/umbrella-bad.err" || { cat "$out/umbrella-bad.err" >&2; exit 1; }
+
+log "Chart.yaml: home, sources, icon, maintainers, Artifact Hub annotations"
+"$py" scripts/chart-checks.py metadata
+
 log "every documented value is set by ci/all-values.yaml"
 "$py" scripts/chart-readme.py --paths > "$out/paths.txt"
 "$py" scripts/chart-checks.py covers "$chart/ci/all-values.yaml" "$out/paths.txt"
@@ -170,7 +284,7 @@ fi
 
 log "two renders are identical"
 for values in "${required[*]}" "-f $chart/ci/production-values.yaml" "-f $chart/ci/all-values.yaml" \
-  "-f $chart/ci/production-values.yaml -f $out/tls-hook.yaml"; do
+  "-f $chart/ci/production-values.yaml -f $out/tls-hook.yaml" "${required[*]} --set migrations.mode=argocd"; do
   # shellcheck disable=SC2086 # word splitting of the options is meant
   "$helm" template herald "$chart" $values "${operator[@]}" > "$out/a.yaml"
   # shellcheck disable=SC2086
@@ -180,13 +294,13 @@ done
 
 log "kubernetes-validate (strict, Kubernetes 1.30)"
 "$validate" --strict --quiet -k 1.30.0 "$out/default.yaml" "$out/production.yaml" \
-  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml" \
-  "$out"/tls-*.render.yaml
+  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml" "$out/argocd.yaml" \
+  "$out/umbrella.yaml" "$out"/tls-*.render.yaml
 
 log "Pod Security \"restricted\" fields on every pod and container"
 "$py" scripts/chart-checks.py restricted "$out/default.yaml" "$out/production.yaml" \
-  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml" \
-  "$out"/tls-*.render.yaml
+  "$out/production-hook.yaml" "$out/none.yaml" "$out/all.yaml" "$out/argocd.yaml" \
+  "$out/umbrella.yaml" "$out"/tls-*.render.yaml
 
 log "the image: pinned bases, the chart's user, OCI labels (no Docker engine needed)"
 "$py" scripts/image-check.py

@@ -14,9 +14,9 @@ import sys
 
 LAYERS = {
     "shared": [
-        ["metric_catalog"],
+        ["metric_catalog", "dependencies"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
-        ["redis", "db", "auth", "mysql_server"],
+        ["redis", "db", "auth", "mysql_server", "migration_rules"],
         ["keys", "config", "service_token"],
         ["protocol", "device_state"],
         ["ops"],

@@ -229,8 +229,17 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone(), watchers, devices };
     process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
     let check_policy = g.require_noeviction;
-    let health =
-        Health { redis: redis.clone(), db, keys, epoch, limits, check_policy, ready: process.readiness().clone() };
+    let grace = Some(g.dependency_outage_grace_ms).filter(|&ms| ms > 0).map(Duration::from_millis);
+    let health = Health {
+        redis: redis.clone(),
+        db,
+        keys,
+        epoch,
+        limits,
+        check_policy,
+        grace,
+        ready: process.readiness().clone(),
+    };
     process.spawn_supervised("health", Criticality::Critical, move |c| health.clone().run(c));
     process.serve_admin(admin, herald_shared::ops::router(metrics, process.readiness().clone()));
     let listener_cancel = process.cancel().child_token();
@@ -282,7 +291,9 @@ fn statement_timeout(cfg: &Config) -> Duration {
     Duration::from_millis(cfg.mysql_statement_timeout_ms)
 }
 
-/// Keeps `/readyz`, the epoch and the eviction-policy gauge current.
+/// Keeps `/readyz`, `/healthz`'s dependencies, the epoch and the eviction-policy gauge
+/// current. Readiness is the gateway's own ability to serve: it waits for MySQL (with
+/// the schema) and Redis once, then an outage of theirs fails it only past `grace`.
 #[derive(Clone, Debug)]
 struct Health {
     redis: Pool,
@@ -292,6 +303,8 @@ struct Health {
     limits: Arc<limits::NodeLimits>,
     /// `gateway.require_noeviction`: off, the policy is not read (CONFIG may be refused).
     check_policy: bool,
+    /// `gateway.dependency_outage_grace_ms`; `None`: never unready for a dependency.
+    grace: Option<Duration>,
     ready: Readiness,
 }
 
@@ -309,7 +322,8 @@ impl Health {
                 herald_shared::mysql_server::report_role(&self.db).await;
             }
             rounds += 1;
-            let db_ok = herald_shared::db::migrations_applied(&self.db).await;
+            let deps = self.ready.dependencies();
+            deps.record("mysql", herald_shared::db::schema_state(&self.db).await);
             if let Err(e) = epoch::check_master(&self.redis, &self.keys).await {
                 tracing::debug!(error = %e, "Redis master not checked");
             }
@@ -317,7 +331,8 @@ impl Health {
             if let Ok(epoch) = &epoch {
                 self.epoch.update(epoch);
             }
-            self.ready.set_dependencies(db_ok && epoch.is_ok());
+            deps.record("redis", epoch.map(drop).map_err(|e| e.to_string()));
+            self.ready.set_dependencies(deps.ready_within(&["mysql", "redis"], self.grace));
             self.limits.retain_recent();
             tokio::select! {
                 _ = cancel.cancelled() => return,

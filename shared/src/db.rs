@@ -82,8 +82,22 @@ pub async fn migrate(url: &str) -> Result<(), sqlx::Error> {
             .await?;
     }
     let mut conn = opts.connect().await?;
-    MIGRATOR.run(&mut conn).await?;
+    rollback_tolerant().run(&mut conn).await?;
     Ok(())
+}
+
+/// [`MIGRATOR`], accepting a database with migrations this build does not know: after a
+/// rollback the previous release's binary (its migrations Job, a worker migrating at
+/// start) meets the schema a later release applied. Migrations only expand the schema
+/// (`migration_rules`), so that schema serves it; sqlx would refuse it
+/// (`VersionMissing`). The migrations it knows are still checked (checksums, order).
+fn rollback_tolerant() -> Migrator {
+    Migrator {
+        migrations: MIGRATOR.migrations.clone(),
+        ignore_missing: true,
+        locking: MIGRATOR.locking,
+        no_tx: MIGRATOR.no_tx,
+    }
 }
 
 /// A fresh, migrated database on the MySQL server the tests use (`IT_MYSQL_URL`, default
@@ -119,10 +133,21 @@ impl ScratchDb {
 
 /// True when every migration this build knows has been applied.
 pub async fn migrations_applied(pool: &MySqlPool) -> bool {
+    schema_state(pool).await.is_ok()
+}
+
+/// `Ok` when MySQL answers and every migration this build knows has been applied (a
+/// newer schema, from a later release, is fine: migrations only add); else why not.
+pub async fn schema_state(pool: &MySqlPool) -> Result<(), String> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let applied: Result<Option<i64>, _> =
-        sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success = 1").fetch_one(pool).await;
-    matches!(applied, Ok(Some(v)) if v >= latest)
+    let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success = 1")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    match applied {
+        Some(v) if v >= latest => Ok(()),
+        v => Err(format!("schema at migration {}, this build needs {latest}", v.unwrap_or(0))),
+    }
 }
 
 /// The server settings that decide whether a COMMIT survives a crash.

@@ -13,7 +13,8 @@
 //! - [`db`]: the MySQL schema (migrations) and pools; [`mysql_server`]: the server's
 //!   flavour, version, role (primary or not) and packet limit, checked at start.
 //! - [`redis`]: Redis connection settings; [`tls`]: rustls settings for every hop.
-//! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
+//! - [`process`]: the process skeleton: cancellation, supervised loops, readiness;
+//!   [`dependencies`]: the state of MySQL and Redis as the health loops see it.
 //! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
 //!   [`process_metrics`]: CPU, memory and descriptors of the process.
 //! - [`telemetry`]: tracing and metrics setup; [`metric_catalog`]: every metric with
@@ -22,12 +23,15 @@
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod dependencies;
 pub mod device_state;
 pub mod error;
 pub mod ids;
 pub mod keys;
 pub mod metric_catalog;
 pub mod mysql_server;
+#[cfg(test)]
+mod migration_rules;
 pub mod ops;
 pub mod process;
 pub mod process_metrics;

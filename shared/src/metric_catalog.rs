@@ -130,6 +130,10 @@ pub const METRICS: &[Metric] = &[
         "1 when Redis runs maxmemory-policy noeviction, else 0 (read only while the check is on).",
     ),
     // Errors by dependency.
+    gauge(
+        "herald_dependency_up",
+        "1 while the health loop reaches a dependency (mysql: with the schema applied; redis), else 0.",
+    ),
     counter("herald_mysql_errors_total", "Requests failed by a MySQL error."),
     counter(
         "herald_mysql_refusals_total",

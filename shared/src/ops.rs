@@ -21,9 +21,22 @@ pub fn error_response(code: ErrorCode, message: impl Into<String>) -> Response {
 }
 
 /// `/healthz`, `/readyz` and `/metrics`.
+///
+/// `/healthz` (liveness) answers 200 while the process runs, with the state of each
+/// dependency in its body: `{"status": "ok" | "degraded", "dependencies": [...]}`.
+/// `/readyz` answers 200 when the process can serve ([`Readiness::get`]).
 pub fn router(metrics: PrometheusHandle, ready: Readiness) -> Router {
+    let health = ready.clone();
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(move || {
+                let deps = health.dependencies();
+                let status = if deps.all_up() { "ok" } else { "degraded" };
+                let body = serde_json::json!({ "status": status, "dependencies": deps.snapshot() });
+                std::future::ready(Json(body))
+            }),
+        )
         .route(
             "/readyz",
             get(move || {

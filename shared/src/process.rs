@@ -16,20 +16,31 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Whether the process can serve: its dependencies answer, no critical loop is down,
-/// and it is not draining.
+use crate::dependencies::Dependencies;
+
+/// Whether the process can serve: its health loop says its dependencies allow it, no
+/// critical loop is down, and it is not draining. It also holds what the health loop
+/// found of each dependency, for `/healthz`.
 #[derive(Clone, Debug, Default)]
 pub struct Readiness(Arc<ReadinessState>);
 
 #[derive(Debug, Default)]
 struct ReadinessState {
     dependencies: AtomicBool,
+    detail: Dependencies,
     draining: AtomicBool,
     down: Mutex<BTreeSet<&'static str>>,
 }
 
 impl Readiness {
-    /// What the process's health loop found (MySQL with the schema, Redis, leases).
+    /// The state of each dependency, as the health loop records it.
+    pub fn dependencies(&self) -> &Dependencies {
+        &self.0.detail
+    }
+
+    /// Whether the process's dependencies let it serve, as its health loop decides (the
+    /// worker: MySQL with the schema and its leases; the gateway: reached once, and no
+    /// outage past its grace).
     pub fn set_dependencies(&self, ok: bool) {
         self.0.dependencies.store(ok, Ordering::Release);
     }

@@ -286,8 +286,12 @@ async fn health_loop(shared: Arc<WorkerContext>, ready: Readiness, cancel: Cance
             herald_shared::mysql_server::report_role(&shared.db).await;
         }
         rounds += 1;
-        let db_ok = herald_shared::db::migrations_applied(&shared.db).await;
-        ready.set_dependencies(db_ok && shared.balancer_ok.load(std::sync::atomic::Ordering::Acquire));
+        let db = herald_shared::db::schema_state(&shared.db).await;
+        let db_ok = db.is_ok();
+        ready.dependencies().record("mysql", db);
+        let leases = shared.balancer_ok.load(std::sync::atomic::Ordering::Acquire);
+        ready.dependencies().record("redis", if leases { Ok(()) } else { Err("shard leases not held".into()) });
+        ready.set_dependencies(db_ok && leases);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}

@@ -15,12 +15,45 @@
 {{- end -}}
 {{- end -}}
 
+{{/* Labels of every resource's metadata (never of a pod template: they change with each
+     chart version, and a pod template that changes restarts every pod). Call with the
+     root context, or (dict "ctx" . "component" "gateway") for a component's. */}}
 {{- define "herald.labels" -}}
-app.kubernetes.io/name: {{ include "herald.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- $ctx := .ctx | default . -}}
+app.kubernetes.io/name: {{ include "herald.name" $ctx }}
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+app.kubernetes.io/version: {{ $ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version | replace "+" "_" }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- with $ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The `annotations:` of a resource's metadata, on a line of its own: `extra` (a map),
+     then commonAnnotations; nothing when both are empty. Call with (dict "ctx" .
+     "extra" map), and "indent" when the metadata is not at 2. */}}
+{{- define "herald.annotations" -}}
+{{- $all := merge (deepCopy (.extra | default dict)) (deepCopy (.ctx.Values.commonAnnotations | default dict)) -}}
+{{- $n := .indent | default 2 -}}
+{{- with $all -}}
+{{ "annotations:" | nindent $n }}
+{{- toYaml . | nindent (add $n 2 | int) }}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of a component's pods: its selector labels and the user's own (commonLabels,
+     podLabels, <component>.podLabels), nothing that changes with the chart's version.
+     Call with (dict "ctx" . "component" "gateway" "own" .Values.gateway.podLabels). */}}
+{{- define "herald.podLabels" -}}
+{{- include "herald.selector" . }}
+{{- $user := merge (deepCopy (.own | default dict)) (deepCopy (.ctx.Values.podLabels | default dict)) (deepCopy (.ctx.Values.commonLabels | default dict)) }}
+{{- with omit $user "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* Selector labels of one component: call with (dict "ctx" . "component" "gateway"). */}}
@@ -30,8 +63,13 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The image: [registry/]repository:tag[@digest]; global.imageRegistry wins over
+     image.registry (the convention of umbrella charts that mirror every image). */}}
 {{- define "herald.image" -}}
-{{- $ref := printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- $registry := (.Values.global).imageRegistry | default .Values.image.registry -}}
+{{- $repo := .Values.image.repository -}}
+{{- with $registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" .) $repo }}{{ end -}}
+{{- $ref := printf "%s:%s" $repo (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- with .Values.image.digest }}{{ $ref = printf "%s@%s" $ref . }}{{ end -}}
 {{- $ref -}}
 {{- end -}}
@@ -59,31 +97,108 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* Pod annotations: what rolls the pods when configuration or the chart's Secret changes. */}}
+{{/* Which processes read a HERALD_<key> setting (README.md's "used by" column; the chart
+     test checks every key of that table against this): gateway, worker or both. */}}
+{{- define "herald.readers" -}}
+{{- $parts := splitList "__" . -}}
+{{- $section := ternary (first $parts) "" (gt (len $parts) 1) -}}
+{{- if or (eq $section "GATEWAY") (has . (list "SERVICE_SECRET" "LISTEN")) -}}
+gateway
+{{- else if and (eq $section "WORKER") (eq (last $parts) "PENDING_CAP") -}}
+{{- /* The deprecated name of delivery.pending_cap, which both read. */ -}}
+both
+{{- else if or (has $section (list "WORKER" "OUTBOX" "PUSH")) (eq . "ADMIN_TOKEN") -}}
+worker
+{{- else -}}
+both
+{{- end -}}
+{{- end -}}
+
+{{/* The settings (ConfigMap data) one component reads: call with (dict "ctx" . "component"
+     "gateway") or "worker" (which the migrations Job reads too). Sorted, so the checksum
+     of a component changes only when one of its own settings does. */}}
+{{- define "herald.configData" -}}
+{{- $v := .ctx.Values -}}
+{{- $data := dict "HERALD_REDIS_KEY_PREFIX" $v.redis.keyPrefix "HERALD_INGRESS__SHARDS" (toString $v.ingressShards) -}}
+{{- $_ := set $data "HERALD_LOG" $v.log.level -}}
+{{- $_ := set $data "HERALD_LOG_FORMAT" $v.log.format -}}
+{{- if eq .component "gateway" -}}
+{{- $_ := set $data "HERALD_GATEWAY__REQUIRE_NOEVICTION" (toString $v.redis.requireNoeviction) -}}
+{{- $_ := set $data "HERALD_GATEWAY__DRAIN_MS" (toString (mul $v.gateway.drainSeconds 1000)) -}}
+{{- $_ := set $data "HERALD_GATEWAY__TRUSTED_PROXIES" (join "," $v.gateway.trustedProxies) -}}
+{{- else -}}
+{{- /* Workers migrate at start only when the chart runs no migrations Job. */ -}}
+{{- $_ := set $data "HERALD_WORKER__MIGRATE_ON_START" (toString (eq $v.migrations.mode "none")) -}}
+{{- end -}}
+{{- range $key, $value := $v.config -}}
+{{- $readers := include "herald.readers" $key -}}
+{{- if or (eq $readers "both") (eq $readers $.component) -}}
+{{- $_ := set $data (printf "HERALD_%s" $key) (toString $value) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $data -}}
+{{- end -}}
+
+{{/* The chart Secret's keys one component reads, for its checksum: gateway (jwt-secret,
+     mysql-url, redis-url), worker (and admin-token) or probe (jwt-secret). */}}
+{{- define "herald.secretData" -}}
+{{- $v := .ctx.Values -}}
+{{- $data := dict "jwt-secret" $v.secrets.jwtSecret -}}
+{{- if ne .component "probe" -}}
+{{- $_ := set $data "mysql-url" $v.mysql.url -}}
+{{- $_ := set $data "redis-url" $v.redis.url -}}
+{{- end -}}
+{{- if eq .component "worker" -}}
+{{- $_ := set $data "admin-token" $v.secrets.adminToken -}}
+{{- end -}}
+{{- toYaml $data -}}
+{{- end -}}
+
+{{/* Annotations of a component's pods: the checksums of what it reads (so a change of a
+     setting or credential restarts only the pods that read it), podAnnotations and the
+     component's own. Call with (dict "ctx" . "component" "gateway" "own" map). */}}
 {{- define "herald.podAnnotations" -}}
-checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
-{{- if not .Values.secrets.existingSecret }}
-checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- $v := .ctx.Values -}}
+{{- $all := dict -}}
+{{- if has .component (list "gateway" "worker") -}}
+{{- $_ := set $all "checksum/config" (include "herald.configData" . | sha256sum) -}}
+{{- end -}}
+{{- if and (not $v.secrets.existingSecret) (has .component (list "gateway" "worker" "probe")) -}}
+{{- $_ := set $all "checksum/secret" (include "herald.secretData" . | sha256sum) -}}
+{{- end -}}
+{{- $all = merge (deepCopy (.own | default dict)) (deepCopy ($v.podAnnotations | default dict)) $all -}}
+{{- $n := .indent | default 6 -}}
+{{- with $all -}}
+{{ "annotations:" | nindent $n }}
+{{- toYaml . | nindent (add $n 2 | int) }}
+{{- end -}}
+{{- end -}}
+
+{{/* The pull secrets: global.imagePullSecrets and imagePullSecrets. */}}
+{{- define "herald.imagePullSecrets" -}}
+{{- $all := concat ((.Values.global).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- with $all }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
 {{- end }}
-{{- with .Values.podAnnotations }}
-{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
 {{/* Pod spec fields every Herald pod shares. */}}
 {{- define "herald.podCommon" -}}
-serviceAccountName: {{ include "herald.serviceAccountName" . }}
+{{- $ctx := .ctx | default . -}}
+{{- with $ctx -}}
+serviceAccountName: {{ $.serviceAccountName | default (include "herald.serviceAccountName" .) }}
 automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
 # Service links would inject variables such as HERALD_*_SERVICE_HOST that Herald
 # reads as (unknown) settings.
 enableServiceLinks: false
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "herald.imagePullSecrets" . }}
 {{- with .Values.podSecurityContext }}
 securityContext:
   {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -265,4 +380,70 @@ minAvailable: {{ .minAvailable }}
 - {name: tls-mysql-client, mountPath: /etc/herald/tls/mysql-client, readOnly: true}
 {{- end }}
 {{- end -}}
+{{- end -}}
+
+{{/* With migrations.mode=argocd the migrations Job is an Argo CD Sync hook in wave -1, so
+     what it reads (ConfigMaps, the Secret, the ServiceAccount) goes first, in wave -2. */}}
+{{- define "herald.prerequisiteAnnotations" -}}
+{{- if eq .Values.migrations.mode "argocd" -}}
+argocd.argoproj.io/sync-wave: "-2"
+{{- end -}}
+{{- end -}}
+
+{{/* The spec of the migrations Job (its name in `job` mode is this text's hash). */}}
+{{- define "herald.migrationsSpec" -}}
+{{- $m := .Values.migrations -}}
+{{- $hook := eq $m.mode "hook" -}}
+backoffLimit: {{ $m.backoffLimit }}
+{{- with $m.activeDeadlineSeconds }}
+activeDeadlineSeconds: {{ . }}
+{{- end }}
+{{- with $m.ttlSecondsAfterFinished }}
+ttlSecondsAfterFinished: {{ . }}
+{{- end }}
+template:
+  metadata:
+    labels:
+      {{- include "herald.podLabels" (dict "ctx" . "component" "migrations") | nindent 6 }}
+    {{- include "herald.podAnnotations" (dict "ctx" . "component" "migrations" "own" $m.podAnnotations "indent" 4) }}
+  spec:
+    restartPolicy: Never
+    {{- /* A Helm hook runs before the chart's ServiceAccount exists. */}}
+    {{- $sa := ternary (ternary "default" (include "herald.serviceAccountName" .) .Values.serviceAccount.create) "" $hook }}
+    {{- include "herald.podCommon" (dict "ctx" . "serviceAccountName" $sa) | nindent 4 }}
+    containers:
+      - name: migrate
+        image: {{ include "herald.image" . }}
+        imagePullPolicy: {{ .Values.image.pullPolicy }}
+        command: ["/usr/local/bin/herald-worker", "migrate"]
+        env:
+          {{- include "herald.env" . | nindent 10 }}
+          {{- with $m.extraEnv }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+        {{- /* A Helm hook runs before the ConfigMap exists. */}}
+        {{- $envFrom := .Values.extraEnvFrom }}
+        {{- if not $hook }}
+        {{- $envFrom = prepend $envFrom (dict "configMapRef" (dict "name" (printf "%s-worker-config" (include "herald.fullname" .)))) }}
+        {{- end }}
+        {{- with $envFrom }}
+        envFrom:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+        resources:
+          {{- toYaml $m.resources | nindent 10 }}
+        {{- with .Values.securityContext }}
+        securityContext:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+        {{- $tlsMounts := include "herald.tlsVolumeMounts" (dict "ctx" $ "component" "migrations") | trim }}
+        {{- with $tlsMounts }}
+        volumeMounts:
+          {{- . | nindent 10 }}
+        {{- end }}
+    {{- $tlsVolumes := include "herald.tlsVolumes" (dict "ctx" $ "component" "migrations") | trim }}
+    {{- with $tlsVolumes }}
+    volumes:
+      {{- . | nindent 6 }}
+    {{- end }}
 {{- end -}}

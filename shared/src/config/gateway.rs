@@ -168,6 +168,11 @@ section! {
         /// (`https://chat.example.com`). Empty: no CORS headers, so only pages served from
         /// the gateway's own origin may call it. The WebSocket is not subject to CORS.
         pub cors_origins: String = "",
+        /// How long Redis or MySQL may be unreachable before `/readyz` fails (5 minutes); 0: never.
+        ///
+        /// Every gateway shares them: a short outage (a failover) degrades the gateway
+        /// (`/healthz` detail, `herald_dependency_up`) without taking it out of its Service.
+        pub dependency_outage_grace_ms: u64 = "300000",
     }
 }
 
