@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the Helm chart checks, unit tests, the end-to-end tests
-# that start real gateway and worker processes against local MariaDB and Redis, and the
-# TypeScript client's unit, integration and browser tests (clients/typescript).
+# that start real gateway and worker processes against local MariaDB and Redis, the
+# TypeScript client's unit, integration, browser and package tests (clients/typescript).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
@@ -39,6 +39,9 @@ log "testing the TypeScript client"
   npm run --silent test:integration
   # The demo page in headless Chromium against the same binaries.
   npm run --silent test:browser
+  # The packed tarball (prepack builds it) in a scratch project: Node ESM and CommonJS,
+  # and a page bundled with esbuild in the same Chromium, against the same binaries.
+  npm run --silent test:package
 )
 log "testing"
 # Integration tests start several processes each; two at a time suit a 2-core machine.
