@@ -216,6 +216,10 @@ if grep 'runbook_url:' "$out/prometheusrule.yaml" | grep -vqF "$runbook"; then
   grep 'runbook_url:' "$out/prometheusrule.yaml" | grep -vF "$runbook" >&2
   exit 1
 fi
+log "the default image is the one the release publishes (docs/operations.md, Releasing)"
+"$helm" template herald "$chart" "${required[@]}" > "$out/default-image.yaml"
+images=$(sed -n 's/^ *image: *"\{0,1\}\([^" ]*\)"\{0,1\}$/\1/p' "$out/default-image.yaml" | sort -u)
+[ "$images" = "ghcr.io/herald-im/herald:$app_version" ] || { echo "default images: $images" >&2; exit 1; }
 cp "$chart/tests/alerts-test.yaml" "$out/alerts-test.yaml"
 promtool check rules "$out/rules.yaml"
 promtool test rules "$out/alerts-test.yaml"

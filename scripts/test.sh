@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the Helm chart checks, unit tests, the end-to-end tests
 # that start real gateway and worker processes against local MariaDB and Redis, the
-# TypeScript client's unit, integration, browser and package tests (clients/typescript).
+# TypeScript client's unit, integration, browser and package tests (clients/typescript),
+# and the container image's smoke test (scripts/image-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
@@ -43,6 +44,8 @@ log "testing the TypeScript client"
   # and a page bundled with esbuild in the same Chromium, against the same binaries.
   npm run --silent test:package
 )
+log "smoke-testing the container image (its own root file system, user 10001)"
+scripts/image-test.sh "$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug"
 log "testing"
 # Integration tests start several processes each; two at a time suit a 2-core machine.
 cargo test --workspace --no-fail-fast -- --test-threads "${TEST_THREADS:-2}"
