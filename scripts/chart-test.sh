@@ -322,6 +322,18 @@ log "the alerts: runbook links, registered metrics, promtool tests"
 "$helm" template herald "$chart" "${required[@]}" "${operator[@]}" --namespace default \
   --show-only templates/prometheusrule.yaml > "$out/prometheusrule.yaml"
 "$py" scripts/chart-checks.py rules "$out/prometheusrule.yaml" "$out/rules.yaml"
+# Alert receivers need absolute links: the default names the release's runbook.
+app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$chart/Chart.yaml")
+runbook="runbook_url: https://github.com/herald-im/herald/blob/v$app_version/docs/operations.md#"
+if grep 'runbook_url:' "$out/prometheusrule.yaml" | grep -vqF "$runbook"; then
+  echo "an alert's default runbook_url is not $runbook...:" >&2
+  grep 'runbook_url:' "$out/prometheusrule.yaml" | grep -vF "$runbook" >&2
+  exit 1
+fi
+log "the default image is the one the release publishes (docs/operations.md, Releasing)"
+"$helm" template herald "$chart" "${required[@]}" > "$out/default-image.yaml"
+images=$(sed -n 's/^ *image: *"\{0,1\}\([^" ]*\)"\{0,1\}$/\1/p' "$out/default-image.yaml" | sort -u)
+[ "$images" = "ghcr.io/herald-im/herald:$app_version" ] || { echo "default images: $images" >&2; exit 1; }
 cp "$chart/tests/alerts-test.yaml" "$out/alerts-test.yaml"
 promtool check rules "$out/rules.yaml"
 promtool test rules "$out/alerts-test.yaml"

@@ -22,7 +22,7 @@ LAYERS = {
         ["ops"],
         [""],
     ],
-    "client": [
+    "clients/rust": [
         ["tls"],
         ["http", "ws"],
         ["device"],

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the Helm chart checks, unit tests, the end-to-end tests
-# that start real gateway and worker processes against local MariaDB and Redis, and the
-# TypeScript client's unit, integration and browser tests (clients/typescript).
+# that start real gateway and worker processes against local MariaDB and Redis, the
+# TypeScript client's unit, integration, browser and package tests (clients/typescript),
+# and the container image's smoke test (scripts/image-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
@@ -39,7 +40,12 @@ log "testing the TypeScript client"
   npm run --silent test:integration
   # The demo page in headless Chromium against the same binaries.
   npm run --silent test:browser
+  # The packed tarball (prepack builds it) in a scratch project: Node ESM and CommonJS,
+  # and a page bundled with esbuild in the same Chromium, against the same binaries.
+  npm run --silent test:package
 )
+log "smoke-testing the container image (its own root file system, user 10001)"
+scripts/image-test.sh "$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug"
 log "testing"
 # Integration tests start several processes each; two at a time suit a 2-core machine.
 cargo test --workspace --no-fail-fast -- --test-threads "${TEST_THREADS:-2}"

@@ -1,13 +1,18 @@
-//! `herald-gateway [--config FILE] [--set key=value ...]`; `--help` lists every option.
+//! `herald-gateway [check-config] [--config FILE] [--set key=value ...]`; `--help` lists
+//! every option, `--version` names the build.
 
 use std::process::ExitCode;
 
-use herald_shared::config::cli::{help_requested, usage};
+use herald_shared::config::cli::{
+    check_config_report, help_requested, usage, version, version_requested, Command, CHECK_CONFIG,
+};
 use herald_shared::config::{load, ProcessEnv, Role};
 
 /// mimalloc: glibc malloc took a fifth of the gateway's CPU under load (docs/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const COMMANDS: &[Command] = &[Command { usage: "run", about: "Serve clients (the default)." }, CHECK_CONFIG];
 
 const ABOUT: &str = "serves clients over HTTP and WebSocket: sends, sessions, backlog and pushes.";
 
@@ -15,7 +20,11 @@ const ABOUT: &str = "serves clients over HTTP and WebSocket: sends, sessions, ba
 async fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if help_requested(&argv) {
-        print!("{}", usage("herald-gateway", Role::Gateway, ABOUT, &[]));
+        print!("{}", usage("herald-gateway", Role::Gateway, ABOUT, COMMANDS));
+        return ExitCode::SUCCESS;
+    }
+    if version_requested(&argv) {
+        print!("{}", version("herald-gateway"));
         return ExitCode::SUCCESS;
     }
     let (cfg, cli) = match load(Role::Gateway, &argv, &ProcessEnv) {
@@ -25,13 +34,20 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(extra) = cli.args.first() {
-        eprintln!("herald-gateway takes no command, got {extra:?} (see herald-gateway --help)");
-        return ExitCode::from(2);
+    match cli.args.first().map(String::as_str) {
+        None | Some("run") => {}
+        Some("check-config") => {
+            print!("{}", check_config_report("herald-gateway", Role::Gateway, &cli));
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => {
+            eprintln!("unknown command {other:?}; expected `run` or `check-config` (see herald-gateway --help)");
+            return ExitCode::from(2);
+        }
     }
     herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
     for var in &cli.ignored_env {
-        tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
+        tracing::debug!(variable = %var, "an orchestrator's environment variable, not a configuration key; ignored");
     }
     for old in &cli.deprecated {
         tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");

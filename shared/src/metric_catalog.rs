@@ -36,9 +36,14 @@ pub const METRICS: &[Metric] = &[
     // Every process.
     gauge("herald_build_info", "Always 1; the labels name the running build (version, commit)."),
     counter("herald_task_restarts_total", "Background loops restarted after an error or panic, by task."),
-    gauge("process_cpu_seconds_total", "CPU time used by the process, user and system, in seconds."),
+    // The standard process metrics (process_metrics.rs writes them, not the recorder).
+    counter("process_cpu_seconds_total", "CPU time used by the process, user and system, in seconds."),
     gauge("process_resident_memory_bytes", "Resident memory of the process, in bytes."),
+    gauge("process_virtual_memory_bytes", "Virtual memory of the process, in bytes."),
     gauge("process_open_fds", "Open file descriptors of the process."),
+    gauge("process_max_fds", "The process's limit of open file descriptors (soft)."),
+    gauge("process_start_time_seconds", "When the process started, in seconds since the Unix epoch."),
+    gauge("process_threads", "Threads of the process."),
     // Gateway: sessions and frames.
     gauge("herald_gateway_sessions", "WebSocket sessions open on this gateway."),
     counter("herald_token_refreshes_total", "In-session token refreshes, by outcome (refreshed or refused)."),
@@ -236,7 +241,7 @@ pub const METRICS: &[Metric] = &[
 /// only next to a metric that has a value, so describing all of them in every process
 /// adds nothing to a process that never records one.
 pub fn describe_all() {
-    for m in METRICS {
+    for m in METRICS.iter().filter(|m| !m.name.starts_with("process_")) {
         match m.kind {
             Kind::Counter => metrics::describe_counter!(m.name, m.help),
             Kind::Gauge => metrics::describe_gauge!(m.name, m.help),
@@ -248,8 +253,12 @@ pub fn describe_all() {
 /// Sets `herald_build_info` to 1 with the build's version and commit (`HERALD_GIT_COMMIT`
 /// when the binary was built, as the Dockerfile passes it).
 pub fn record_build_info() {
-    let commit = option_env!("HERALD_GIT_COMMIT").filter(|c| !c.is_empty()).unwrap_or("unknown");
-    metrics::gauge!("herald_build_info", "version" => env!("CARGO_PKG_VERSION"), "commit" => commit).set(1.0);
+    metrics::gauge!("herald_build_info", "version" => env!("CARGO_PKG_VERSION"), "commit" => build_commit()).set(1.0);
+}
+
+/// The commit this binary was built from (`HERALD_GIT_COMMIT` at build time), or `unknown`.
+pub fn build_commit() -> &'static str {
+    option_env!("HERALD_GIT_COMMIT").filter(|c| !c.is_empty()).unwrap_or("unknown")
 }
 
 #[cfg(test)]
@@ -309,7 +318,20 @@ mod tests {
             assert!(entry.is_some(), "{file}: {name} is not in the metric catalog (no # HELP)");
             assert_eq!(entry.map(|m| m.kind), Some(*kind), "{file}: {name} is recorded as another kind");
         }
+        let process = crate::process_metrics::render(&crate::process_metrics::ProcessSample {
+            max_fds: Some(1024),
+            ..Default::default()
+        });
         for m in METRICS {
+            if m.name.starts_with("process_") {
+                let kind = format!("{:?}", m.kind).to_lowercase();
+                assert!(
+                    process.contains(&format!("# TYPE {} {kind}\n", m.name)),
+                    "{} not rendered as a {kind}",
+                    m.name
+                );
+                continue;
+            }
             assert!(found.iter().any(|(name, ..)| name == m.name), "{} is catalogued but never recorded", m.name);
         }
     }

@@ -53,8 +53,9 @@ pub fn router(metrics: PrometheusHandle, ready: Readiness) -> Router {
         .route(
             "/metrics",
             get(move || {
-                crate::process_metrics::record();
-                std::future::ready(metrics.render())
+                let mut text = metrics.render();
+                text.push_str(&crate::process_metrics::rendered());
+                std::future::ready(text)
             }),
         )
 }

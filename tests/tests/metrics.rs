@@ -75,6 +75,10 @@ async fn metrics_show_the_traffic() {
         let version = format!("herald_build_info{{version=\"{}\"", env!("CARGO_PKG_VERSION"));
         assert!(text.lines().any(|l| l.starts_with(&version) && l.ends_with(" 1")), "{process}: {text}");
         assert_eq!(undescribed(text), Vec::<String>::new(), "{process}: metrics without # HELP");
+        // Prometheus's conventions: CPU seconds are a counter, memory a gauge.
+        assert!(text.contains("# TYPE process_cpu_seconds_total counter\n"), "{process}: {text}");
+        assert!(text.contains("# TYPE process_resident_memory_bytes gauge\n"), "{process}: {text}");
+        assert!(value(text, "process_start_time_seconds") > 1.6e9, "{process}: {text}");
     }
 }
 

@@ -1,9 +1,11 @@
-//! `herald-worker [run | migrate | rebuild-projections [--dry-run]] [--config FILE] [--set key=value ...]`;
-//! `--help` lists every option.
+//! `herald-worker [run | migrate | rebuild-projections [--dry-run] | check-config] [--config FILE]
+//! [--set key=value ...]`; `--help` lists every option, `--version` names the build.
 
 use std::process::ExitCode;
 
-use herald_shared::config::cli::{help_requested, usage, Command};
+use herald_shared::config::cli::{
+    check_config_report, help_requested, usage, version, version_requested, Command, CHECK_CONFIG,
+};
 use herald_shared::config::{load, ProcessEnv, Role};
 
 /// mimalloc: glibc malloc took a fifth of the gateway's CPU under load (docs/benchmarks.md).
@@ -19,6 +21,7 @@ const COMMANDS: &[Command] = &[
         usage: "rebuild-projections [--dry-run]",
         about: "Recompute conversation positions from the messages and repair drift; --dry-run only reports it.",
     },
+    CHECK_CONFIG,
 ];
 
 #[tokio::main]
@@ -28,6 +31,10 @@ async fn main() -> ExitCode {
         print!("{}", usage("herald-worker", Role::Worker, ABOUT, COMMANDS));
         return ExitCode::SUCCESS;
     }
+    if version_requested(&argv) {
+        print!("{}", version("herald-worker"));
+        return ExitCode::SUCCESS;
+    }
     let (cfg, cli) = match load(Role::Worker, &argv, &ProcessEnv) {
         Ok(c) => c,
         Err(e) => {
@@ -35,9 +42,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if cli.args.first().is_some_and(|a| a == "check-config") {
+        print!("{}", check_config_report("herald-worker", Role::Worker, &cli));
+        return ExitCode::SUCCESS;
+    }
     herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
     for var in &cli.ignored_env {
-        tracing::warn!(variable = %var, "environment variable names no configuration key; ignored");
+        tracing::debug!(variable = %var, "an orchestrator's environment variable, not a configuration key; ignored");
     }
     for old in &cli.deprecated {
         tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
@@ -50,7 +61,7 @@ async fn main() -> ExitCode {
             herald_worker::rebuild_projections(&cfg, dry_run).await.map(|_| ())
         }
         Some(other) => {
-            eprintln!("unknown command {other:?}; expected `run`, `migrate` or `rebuild-projections [--dry-run]` (see herald-worker --help)");
+            eprintln!("unknown command {other:?}; expected `run`, `migrate`, `rebuild-projections [--dry-run]` or `check-config` (see herald-worker --help)");
             return ExitCode::from(2);
         }
     };

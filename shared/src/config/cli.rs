@@ -11,9 +11,9 @@ use super::{env_name, keys, ConfigError, DefaultText, Role};
 pub struct Cli {
     /// Positional words (subcommands), in order.
     pub args: Vec<String>,
-    /// `HERALD_*` variables that name no key. Not fatal: orchestrators set such
-    /// variables themselves (Kubernetes: `HERALD_SERVICE_HOST` for a Service named
-    /// herald). Logged as warnings once tracing is up.
+    /// `HERALD_*` variables that name no key and are still allowed: the ones
+    /// orchestrators set themselves (Kubernetes: `HERALD_SERVICE_HOST` for a Service
+    /// named herald). Any other unknown `HERALD_*` variable is an error.
     pub ignored_env: Vec<String>,
     /// Deprecated keys that were used (and applied to their replacements). Logged as
     /// warnings once tracing is up.
@@ -51,6 +51,7 @@ const SHORTCUTS: &[Shortcut] = &[
 ];
 
 const HELP_FLAGS: &[&str] = &["--help", "-h"];
+const VERSION_FLAGS: &[&str] = &["--version", "-V"];
 
 /// Switches of commands, kept in [`Cli::args`] for the command to read.
 const SWITCHES: &[&str] = &["--dry-run"];
@@ -66,6 +67,8 @@ pub(super) struct Parsed {
     pub args: Vec<String>,
     /// `--help`, `-h`, or `help` as the command.
     pub help: bool,
+    /// `--version` or `-V`.
+    pub version: bool,
     pub errors: Vec<ConfigError>,
 }
 
@@ -91,6 +94,7 @@ pub(super) fn parse(argv: &[String]) -> Parsed {
                 _ => error("--set", "expects key=value".into()),
             },
             flag if HELP_FLAGS.contains(&flag) => p.help = true,
+            flag if VERSION_FLAGS.contains(&flag) => p.version = true,
             flag if SWITCHES.contains(&flag) => p.args.push(name.clone()),
             flag => match SHORTCUTS.iter().find(|s| s.flag == flag) {
                 Some(s) => match value(flag) {
@@ -110,6 +114,37 @@ pub(super) fn parse(argv: &[String]) -> Parsed {
 /// command `help`. Checked before loading, so help needs no configuration at all.
 pub fn help_requested(argv: &[String]) -> bool {
     parse(argv).help
+}
+
+/// Whether `argv` asks for the version (`--version`, `-V`); like help, it needs no
+/// configuration.
+pub fn version_requested(argv: &[String]) -> bool {
+    parse(argv).version
+}
+
+/// What `--version` prints: the program, the release and the commit it was built from
+/// (`HERALD_GIT_COMMIT` at build time, `unknown` without it).
+pub fn version(program: &str) -> String {
+    format!("{program} {} (commit {})\n", env!("CARGO_PKG_VERSION"), crate::metric_catalog::build_commit())
+}
+
+/// The command both binaries take to validate a configuration without running.
+pub const CHECK_CONFIG: Command = Command {
+    usage: "check-config",
+    about: "Load and validate the configuration (file, environment, flags), report every problem, and exit: 0 valid, 2 not.",
+};
+
+/// What `check-config` prints for a configuration that loaded: the role, the variables
+/// allowed although they name no key, and the deprecated keys used.
+pub fn check_config_report(program: &str, role: Role, cli: &Cli) -> String {
+    let mut out = format!("{program}: the configuration is valid for the {}\n", role.name());
+    for var in &cli.ignored_env {
+        let _ = writeln!(out, "  {var}: not a configuration key (an orchestrator's variable); ignored");
+    }
+    for old in &cli.deprecated {
+        let _ = writeln!(out, "  {old}");
+    }
+    out
 }
 
 /// A command of a binary, for its `--help`.
@@ -150,6 +185,7 @@ pub fn usage(program: &str, role: Role, about: &str, commands: &[Command]) -> St
             .map(|s| (format!("{} {}", s.flag, s.value), format!("Same as --set {}={}.", s.key, s.value))),
     );
     flags.push(("-h, --help".into(), "Print this help and exit.".into()));
+    flags.push(("-V, --version".into(), "Print the version and the commit, and exit.".into()));
     section("Options", flags);
     let keys: Vec<(String, String)> = keys()
         .filter(|k| k.roles.contains(&role))
@@ -224,6 +260,13 @@ mod tests {
         )
         .unwrap();
         assert!(cli.args.is_empty());
+    }
+
+    #[test]
+    fn version_is_asked_by_flag_and_names_the_release() {
+        assert!(version_requested(&argv(&["--version"])) && version_requested(&argv(&["-V", "migrate"])));
+        assert!(!version_requested(&argv(&["--set", "log=--version"])) && !help_requested(&argv(&["--version"])));
+        assert!(version("herald-worker").starts_with(&format!("herald-worker {} (commit ", env!("CARGO_PKG_VERSION"))));
     }
 
     #[test]

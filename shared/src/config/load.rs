@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::cli::{self, Cli, Deprecated};
+use super::environment;
 use super::table::key_of_env;
-use super::{lookup, Config, ConfigError, ConfigErrors, Lookup, Role, SetError};
+use super::{env_name, lookup, Config, ConfigError, ConfigErrors, Lookup, Role, SetError};
 
 /// Where environment variables come from; tests pass a map instead of mutating the
 /// process environment.
@@ -93,8 +94,9 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
 }
 
 /// Applies one value; a deprecated name sets its replacement and is noted. An unknown
-/// key from the environment is only noted too: orchestrators set `HERALD_*` variables
-/// of their own.
+/// key is an error wherever it comes from (with the nearest key as a hint), except the
+/// `HERALD_*` variables an orchestrator sets itself (Kubernetes service links), which
+/// are only noted.
 fn apply(cfg: &mut Config, errors: &mut Vec<ConfigError>, cli: &mut Cli, origin: Origin, key: &str, v: &str) {
     let target = match lookup(key) {
         Lookup::Alias(alias) => {
@@ -105,7 +107,16 @@ fn apply(cfg: &mut Config, errors: &mut Vec<ConfigError>, cli: &mut Cli, origin:
     };
     match (cfg.set(target, v), origin) {
         (Ok(()), _) => {}
-        (Err(SetError::UnknownKey), Origin::Env(var)) => cli.ignored_env.push(var.into()),
+        (Err(SetError::UnknownKey), Origin::Env(var)) if environment::tolerated(var, v) => {
+            cli.ignored_env.push(var.into())
+        }
+        (Err(SetError::UnknownKey), _) => {
+            let message = match environment::nearest_key(key) {
+                Some(near) => format!("unknown key; did you mean {near} ({})?", env_name(near)),
+                None => "unknown key".to_string(),
+            };
+            errors.push(ConfigError { key: origin.label(key), message })
+        }
         (Err(e), _) => errors.push(ConfigError { key: origin.label(key), message: e.to_string() }),
     }
 }
@@ -194,10 +205,24 @@ mod tests {
     }
 
     #[test]
-    fn unknown_environment_variables_are_reported_not_fatal() {
-        let e = env(&[SECRET, ("HERALD_SERVICE_HOST", "10.0.0.1")]);
+    fn kubernetes_service_links_are_reported_not_fatal() {
+        let e = env(&[SECRET, ("HERALD_SERVICE_HOST", "10.0.0.1"), ("HERALD_GATEWAY_PORT", "tcp://10.0.0.1:8080")]);
         let (_, cli) = load(Role::Gateway, &[], &e).unwrap();
-        assert_eq!(cli.ignored_env, vec!["HERALD_SERVICE_HOST".to_string()]);
+        assert_eq!(cli.ignored_env, ["HERALD_GATEWAY_PORT", "HERALD_SERVICE_HOST"]);
+    }
+
+    /// A typo in a variable's name used to be a warning, and the default ran instead.
+    #[test]
+    fn an_unknown_environment_variable_is_refused_with_the_nearest_key() {
+        let e = env(&[SECRET, ("HERALD_GATEWAY__HEARTBEAT", "1000"), ("HERALD_SOMETHING_ELSE", "1")]);
+        let err = load(Role::Worker, &[], &e).unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.0.len(), 2, "{text}");
+        assert!(
+            text.contains("gateway.heartbeat (HERALD_GATEWAY__HEARTBEAT): unknown key; did you mean gateway.heartbeat_ms (HERALD_GATEWAY__HEARTBEAT_MS)?"),
+            "{text}"
+        );
+        assert!(text.contains("something_else (HERALD_SOMETHING_ELSE): unknown key\n"), "{text}");
     }
 
     #[test]
@@ -209,7 +234,10 @@ mod tests {
         let err = load(Role::Gateway, &argv(&["--config", file.to_str().unwrap()]), &env(&[SECRET])).unwrap_err();
         assert_eq!(err.0.len(), 1, "{err}");
         assert!(err.0[0].key.starts_with("gateway.send_timeout (in "), "{err}");
-        assert_eq!(err.0[0].message, "unknown key");
+        assert_eq!(
+            err.0[0].message,
+            "unknown key; did you mean gateway.send_timeout_ms (HERALD_GATEWAY__SEND_TIMEOUT_MS)?"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -19,6 +19,8 @@
 //!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
 //! - `cidr`: IP networks ([`Cidr`]), for `gateway.trusted_proxies`.
 //! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
+//! - `environment`: the `HERALD_*` variables that are not keys and still allowed
+//!   (Kubernetes service links), and the nearest key of a misspelt one.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -28,6 +30,7 @@ pub mod cli;
 mod delivery;
 #[cfg(test)]
 mod docs;
+mod environment;
 mod gateway;
 mod ingress;
 mod load;
