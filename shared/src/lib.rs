@@ -15,10 +15,12 @@
 //! - [`process`]: the process skeleton: cancellation, supervised loops, readiness.
 //! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
 //!   [`process_metrics`]: CPU, memory and descriptors of the process.
+//! - [`clock`]: this process's clock against Redis's (the settle window's assumption).
 //! - [`telemetry`]: tracing and metrics setup; [`metric_catalog`]: every metric with
 //!   its help text.
 
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod db;
 pub mod device_state;
