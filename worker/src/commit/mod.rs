@@ -13,6 +13,7 @@
 //! unique key; only then does the batch run again, looking them up first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use herald_shared::db::TextColumns;
@@ -23,6 +24,7 @@ use sqlx::Row;
 
 use crate::batch::{live_since, Committed, Recipient};
 use crate::lease::IdSource;
+use crate::seq_floor::SeqFloors;
 
 mod connections;
 mod fence;
@@ -87,6 +89,8 @@ pub struct CommitPipeline {
     /// halved): device sync returns ids once they are older than the settle time, so a
     /// later commit below them would be skipped.
     max_id_age_ms: u64,
+    /// The seqs devices may hold, which a `last_seq` gone back must not reuse.
+    floors: Arc<SeqFloors>,
 }
 
 struct ConvState {
@@ -111,8 +115,10 @@ impl CommitPipeline {
         first_retry_delay_ms: u64,
         sync_settle_ms: u64,
         device_ttl_ms: u64,
+        floors: Arc<SeqFloors>,
     ) -> Self {
         CommitPipeline {
+            floors,
             conns: CommitConnections::new(db, commits_in_flight),
             first_retry_delay_ms,
             max_id_age_ms: sync_settle_ms / 2,
@@ -273,6 +279,10 @@ impl CommitPipeline {
             }
         }
 
+        // Seqs that went back are never numbered from (`seq_floor.rs`).
+        let lift = convs.iter_mut().map(|((t, c), s)| (t.as_str(), c.as_str(), &mut s.last_seq));
+        self.floors.lift(lift).await?;
+
         // 3. Number the new messages in stream order.
         let (mut result, planned) = number(entries, &existing, &mut convs, ids, now)?;
 
@@ -364,6 +374,7 @@ impl CommitPipeline {
             .collect();
         for ((tenant, conv), c) in convs {
             if c.changed {
+                self.floors.remember(&tenant, &conv, c.last_seq);
                 result.recipients.extend(c.devices.into_iter().map(|(user, joined_seq, device, push)| Recipient {
                     tenant: tenant.clone(),
                     conv: conv.clone(),

@@ -10,6 +10,7 @@
 //! run it again after a partial failure.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
@@ -24,6 +25,7 @@ use sqlx::{MySql, QueryBuilder, Row};
 use tokio::sync::mpsc;
 
 use crate::batch::{live_since, push_pairs, Committed, PushCandidate, Recipient};
+use crate::seq_floor::SeqFloors;
 use calls::calls;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +52,8 @@ pub struct Fanout {
     /// Where the messages for devices with a push token go once fanned out (the push
     /// scheduler); none when no tenant has a webhook.
     push: Option<mpsc::Sender<Vec<PushCandidate>>>,
+    /// Where the seqs handed on are raised (`seq_floor.rs`); none in unit tests.
+    floors: Option<Arc<SeqFloors>>,
 }
 
 /// Pending-set additions for one user: device -> messages.
@@ -66,12 +70,19 @@ impl Fanout {
             done_ttl_ms,
             device_ttl_ms: u64::MAX,
             push: None,
+            floors: None,
         }
     }
 
     /// Hands the messages for devices with a push token to the push scheduler.
     pub fn with_push(mut self, scheduler: mpsc::Sender<Vec<PushCandidate>>) -> Self {
         self.push = Some(scheduler);
+        self
+    }
+
+    /// Raises the seqs devices may hold before they are told (`seq_floor.rs`).
+    pub fn with_seq_floors(mut self, floors: Arc<SeqFloors>) -> Self {
+        self.floors = Some(floors);
         self
     }
 
@@ -205,7 +216,17 @@ impl Fanout {
         }
 
         let client = self.redis.next();
-        let results = match self.write(client, &msgs, &frames, &plans).await {
+        // Devices are told only after both (the PUBLISH below).
+        let raise = async {
+            if let Some(floors) = &self.floors {
+                floors.raise(&msgs).await
+            } else {
+                Ok(())
+            }
+        };
+        let (raised, written) = tokio::join!(raise, self.write(client, &msgs, &frames, &plans));
+        raised?;
+        let results = match written {
             Err(e) if e.to_string().contains("NOSCRIPT") => {
                 scripts::FANOUT.script().load(client).await?;
                 self.write(client, &msgs, &frames, &plans).await?
