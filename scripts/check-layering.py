@@ -16,7 +16,7 @@ LAYERS = {
     "shared": [
         ["metric_catalog"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
-        ["redis", "db", "auth"],
+        ["redis", "db", "auth", "clock"],
         ["keys", "config", "service_token"],
         ["protocol", "device_state"],
         ["ops"],
@@ -48,6 +48,7 @@ LAYERS = {
     ],
     "worker": [
         ["lease", "batch", "projections", "janitor"],
+        ["seq_floor"],
         ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer", "timeline"],
         ["context"],
