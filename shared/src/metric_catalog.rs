@@ -155,6 +155,10 @@ pub const METRICS: &[Metric] = &[
         "When this worker last read the ingress streams' lengths and ages (Unix seconds).",
     ),
     histogram("herald_ingress_lag_seconds", "Time from a send entering its stream to its commit."),
+    counter(
+        "herald_seq_rollbacks_total",
+        "Conversations whose last_seq was below a seq already fanned out (a failover lost commits); numbered past it.",
+    ),
     counter("herald_ingress_poison_total", "Ingress entries refused by MySQL one by one and set aside."),
     histogram("herald_worker_batch_size", "Sends per committed batch."),
     histogram("herald_worker_group_batches", "Batches per group commit."),
