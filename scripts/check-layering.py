@@ -16,7 +16,7 @@ LAYERS = {
     "shared": [
         ["metric_catalog", "dependencies"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
-        ["redis", "db", "auth", "mysql_server", "migration_rules"],
+        ["redis", "db", "auth", "mysql_server", "migration_rules", "clock"],
         ["keys", "config", "service_token"],
         ["protocol", "device_state"],
         ["ops"],
@@ -48,6 +48,7 @@ LAYERS = {
     ],
     "worker": [
         ["lease", "batch", "projections", "janitor"],
+        ["seq_floor"],
         ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer", "timeline"],
         ["context", "server_check"],

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure MariaDB and Redis run on this machine (installing them from Debian's
-# packages when missing; Node and Chromium for the TypeScript client too), and exports HD_MYSQL_ROOT_URL: a MySQL URL (without a
+# packages when missing; Node and Chromium for the TypeScript client, libfaketime for a
+# test, too), and exports HD_MYSQL_ROOT_URL: a MySQL URL (without a
 # database) that may create databases. Sourced by scripts/run.sh and scripts/test.sh.
 set -euo pipefail
 
@@ -46,6 +47,12 @@ ensure_node() {
 # builds are downloaded). CHROMIUM names another binary.
 ensure_chromium() {
   [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || apt_install chromium
+}
+
+# libfaketime, which a test preloads into one process to shift its wall clock (the
+# clock-offset check of docs/reliability.md).
+ensure_faketime() {
+  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || apt_install faketime
 }
 
 mysql_tcp_ok() { mariadb -h 127.0.0.1 -u "$1" ${2:+-p"$2"} -e 'SELECT 1' >/dev/null 2>&1; }

@@ -10,6 +10,7 @@ ensure_mariadb
 ensure_redis
 ensure_node
 ensure_chromium
+ensure_faketime
 # Every end-to-end test runs its own cluster (two gateways with 16 MariaDB connections
 # each, a worker), two tests run at a time, and a finished test's processes drain for up
 # to 10 s: together they can pass MariaDB's default limit of 151 connections, and a

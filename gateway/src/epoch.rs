@@ -6,10 +6,13 @@
 //! rebuilt from MySQL). The node's health loop reads the epoch every half second; a
 //! session is woken when the counter moves and reads the string only then.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use fred::interfaces::ClusterInterface;
 use fred::prelude::*;
+use fred::types::config::Server;
 use fred::types::{ClusterHash, CustomCommand};
 use tokio::sync::watch;
 
@@ -25,29 +28,73 @@ pub async fn current_epoch(redis: &Pool, key: &str) -> Result<String, Error> {
     Ok(epoch.unwrap_or(fresh))
 }
 
-/// Starts a new epoch when the Redis master behind the configured address is not the
-/// one seen before (a replica promoted after a failover lacks the writes it had not
-/// received yet). A standalone Redis only: a cluster's masters each have their own.
+/// Starts a new epoch when the master of a Redis shard is not the one seen before: a
+/// replica promoted after a failover lacks the writes it had not received yet. A
+/// standalone Redis is one shard; in a cluster each master is asked (a promoted replica
+/// serves its old master's slots, so it is known by the lowest of them). A master that
+/// does not answer is left for the next round, once the slot map was read again.
 pub async fn check_master(redis: &Pool, keys: &herald_shared::keys::Keys) -> Result<(), Error> {
     let client = redis.next();
-    if client.is_clustered() {
+    let shards = if client.is_clustered() {
+        cluster_masters(client).await
+    } else {
+        master_replid(client).await?.map(|id| ("master".to_owned(), id)).into_iter().collect()
+    };
+    if shards.is_empty() {
         return Ok(());
     }
-    let info: String =
-        client.custom(CustomCommand::new_static("INFO", ClusterHash::Random, false), vec!["replication"]).await?;
-    let is_master = info.lines().any(|l| l.trim() == "role:master");
-    let Some(replid) = info.lines().find_map(|l| l.trim().strip_prefix("master_replid:")).filter(|_| is_master) else {
-        return Ok(());
-    };
     let fresh = format!("{:016x}", rand::random::<u64>());
-    let began: i64 = herald_shared::scripts::REPLID_CHECK
-        .call(client, vec![keys.replid(), keys.epoch()], vec![replid.to_owned(), fresh.clone()])
-        .await?;
-    if began == 1 {
-        tracing::warn!(epoch = %fresh, replid, "the Redis master changed (a promoted replica?); pending sets will be read again from MySQL");
+    let mut args = vec![fresh.clone()];
+    for (shard, replid) in shards {
+        args.extend([shard, replid]);
+    }
+    let changed: Vec<String> =
+        herald_shared::scripts::REPLIDS_CHECK.call(client, vec![keys.replids(), keys.epoch()], args).await?;
+    if !changed.is_empty() {
+        tracing::warn!(epoch = %fresh, shards = ?changed, "a Redis master changed (a promoted replica?); pending sets will be read again from MySQL");
         metrics::counter!("herald_redis_epochs_total").increment(1);
+        metrics::counter!("herald_redis_promotions_total").increment(changed.len() as u64);
     }
     Ok(())
+}
+
+/// The replication id of the server `c` reaches, when it is a master.
+async fn master_replid<C: ClientLike>(c: &C) -> Result<Option<String>, Error> {
+    let info: String =
+        c.custom(CustomCommand::new_static("INFO", ClusterHash::Random, false), vec!["replication"]).await?;
+    Ok(replid_of_master(&info))
+}
+
+fn replid_of_master(info: &str) -> Option<String> {
+    let is_master = info.lines().any(|l| l.trim() == "role:master");
+    let replid = info.lines().find_map(|l| l.trim().strip_prefix("master_replid:"));
+    replid.filter(|_| is_master).map(str::to_owned)
+}
+
+/// (shard, replication id) of every master of the cluster's slot map that answers as
+/// a master. When one does not (it died, or is a replica now) the slot map is read
+/// again for the next round.
+async fn cluster_masters(client: &Client) -> Vec<(String, String)> {
+    let Some(routing) = client.cached_cluster_state() else { return Vec::new() };
+    let mut lowest: BTreeMap<Server, u16> = BTreeMap::new();
+    for range in routing.slots() {
+        let slot = lowest.entry(range.primary.clone()).or_insert(range.start);
+        *slot = (*slot).min(range.start);
+    }
+    let mut shards = Vec::with_capacity(lowest.len());
+    let mut stale = false;
+    for (server, slot) in lowest {
+        match master_replid(&client.with_cluster_node(server)).await {
+            Ok(Some(replid)) => shards.push((format!("slot{slot}"), replid)),
+            Ok(None) | Err(_) => stale = true,
+        }
+    }
+    if stale {
+        if let Err(e) = client.sync_cluster().await {
+            tracing::debug!(error = %e, "Redis Cluster slot map not read again");
+        }
+    }
+    shards
 }
 
 /// The node's view of the epoch, shared by its sessions.
@@ -137,6 +184,14 @@ impl EpochSeen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_master_reports_its_replication_id() {
+        let master = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_replid:abc123\r\n";
+        assert_eq!(replid_of_master(master).as_deref(), Some("abc123"));
+        let replica = "# Replication\r\nrole:slave\r\nmaster_replid:abc123\r\n";
+        assert_eq!(replid_of_master(replica), None, "a replica's id is its master's");
+    }
 
     #[test]
     fn a_session_sees_a_new_epoch_once_and_only_when_it_differs() {

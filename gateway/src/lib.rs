@@ -241,6 +241,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         ready: process.readiness().clone(),
     };
     process.spawn_supervised("health", Criticality::Critical, move |c| health.clone().run(c));
+    let clock = herald_shared::clock::ClockWatch::new(redis.clone(), cfg.delivery.sync_settle_ms);
+    process.spawn_supervised("clock_watch", Criticality::Background, move |c| clock.clone().run(c));
     process.serve_admin(admin, herald_shared::ops::router(metrics, process.readiness().clone()));
     let listener_cancel = process.cancel().child_token();
     let header_timeout = Duration::from_millis(g.handshake_timeout_ms);

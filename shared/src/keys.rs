@@ -199,9 +199,18 @@ impl Keys {
         format!("{}:epoch", self.prefix)
     }
 
-    /// The replication id of the Redis master last seen (a promotion changes it).
-    pub fn replid(&self) -> String {
-        format!("{}:replid", self.prefix)
+    /// The highest seq of a conversation fanned out, which devices may hold: a
+    /// `last_seq` in MySQL below it went back (a failover to a replica that missed the
+    /// last commits) and is never numbered from.
+    pub fn seq_seen(&self, tenant: &str, conv: &str) -> String {
+        format!("{}:seq:{{{tenant}:{conv}}}", self.prefix)
+    }
+
+    /// Hash: the replication id of each Redis shard's master last seen (a promotion
+    /// changes it). Its hash tag is the epoch's key, so one script can compare these and
+    /// start a new epoch on a cluster too (the prefix has no braces).
+    pub fn replids(&self) -> String {
+        format!("{{{}:epoch}}:replids", self.prefix)
     }
 }
 
@@ -239,6 +248,7 @@ mod tests {
         assert_eq!(k.pending("acme", "alice", "p1"), "hd:{acme:alice}:pend:p1");
         assert_eq!(k.presence("acme", "alice"), "hd:{acme:alice}:presence");
         assert_eq!(k.ingress(3), "hd:ingress:{3}");
+        assert_eq!(k.replids(), "{hd:epoch}:replids", "in the epoch's slot");
     }
 
     #[test]

@@ -17,10 +17,12 @@
 //!   [`dependencies`]: the state of MySQL and Redis as the health loops see it.
 //! - [`ops`]: the admin routes (health, readiness, metrics) and the admin guard;
 //!   [`process_metrics`]: CPU, memory and descriptors of the process.
+//! - [`clock`]: this process's clock against Redis's (the settle window's assumption).
 //! - [`telemetry`]: tracing and metrics setup; [`metric_catalog`]: every metric with
 //!   its help text.
 
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod db;
 pub mod dependencies;
@@ -29,9 +31,9 @@ pub mod error;
 pub mod ids;
 pub mod keys;
 pub mod metric_catalog;
-pub mod mysql_server;
 #[cfg(test)]
 mod migration_rules;
+pub mod mysql_server;
 pub mod ops;
 pub mod process;
 pub mod process_metrics;

@@ -36,6 +36,14 @@ pub const METRICS: &[Metric] = &[
     // Every process.
     gauge("herald_build_info", "Always 1; the labels name the running build (version, commit)."),
     counter("herald_task_restarts_total", "Background loops restarted after an error or panic, by task."),
+    gauge(
+        "herald_clock_offset_seconds",
+        "This process's clock minus Redis's (TIME), in seconds: device sync assumes it within the bound.",
+    ),
+    gauge(
+        "herald_clock_offset_bound_seconds",
+        "How far this process's clock may be from Redis's: a quarter of delivery.sync_settle_ms.",
+    ),
     // The standard process metrics (process_metrics.rs writes them, not the recorder).
     counter("process_cpu_seconds_total", "CPU time used by the process, user and system, in seconds."),
     gauge("process_resident_memory_bytes", "Resident memory of the process, in bytes."),
@@ -126,7 +134,14 @@ pub const METRICS: &[Metric] = &[
         "herald_device_registration_batch",
         "Devices registered by one batch (one SELECT, at most one UPDATE and one INSERT).",
     ),
-    counter("herald_redis_epochs_total", "New Redis epochs started by this gateway (Redis lost its data or is new)."),
+    counter(
+        "herald_redis_epochs_total",
+        "New Redis epochs started by this gateway (Redis lost its data or is new, or a master was replaced).",
+    ),
+    counter(
+        "herald_redis_promotions_total",
+        "Redis shards (standalone: the one master) whose master changed its replication id: a promoted replica.",
+    ),
     counter("herald_pending_rebuilds_total", "Pending sets rebuilt from MySQL after a Redis data loss."),
     counter("herald_watermark_flushes_total", "Batches of device watermarks written to MySQL."),
     counter("herald_watermark_rows_total", "Device watermark rows written to MySQL."),
@@ -158,6 +173,10 @@ pub const METRICS: &[Metric] = &[
         "When this worker last read the ingress streams' lengths and ages (Unix seconds).",
     ),
     histogram("herald_ingress_lag_seconds", "Time from a send entering its stream to its commit."),
+    counter(
+        "herald_seq_rollbacks_total",
+        "Conversations whose last_seq was below a seq already fanned out (a failover lost commits); numbered past it.",
+    ),
     counter("herald_ingress_poison_total", "Ingress entries refused by MySQL one by one and set aside."),
     histogram("herald_worker_batch_size", "Sends per committed batch."),
     histogram("herald_worker_group_batches", "Batches per group commit."),

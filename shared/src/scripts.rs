@@ -82,8 +82,11 @@ scripts! {
     OVERFLOW_WIDEN = "overflow_widen";
     /// Moves a device's overflow band up as the device catches up, or removes it.
     OVERFLOW_ADVANCE = "overflow_advance";
-    /// Starts a new epoch when the master's replication id changed (a promoted replica).
-    REPLID_CHECK = "replid_check";
+    /// Starts a new epoch when a shard's master changed its replication id (a promoted
+    /// replica), for a standalone Redis and for each master of a cluster.
+    REPLIDS_CHECK = "replids_check";
+    /// Raises a conversation's highest seq fanned out (never lowers it).
+    SEQ_RAISE = "seq_raise";
     /// Renews a lease held by this token.
     LEASE_RENEW = "lease_renew";
     /// Releases a lease held by this token.

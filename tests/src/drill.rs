@@ -57,6 +57,33 @@ impl Observer for DeviceWatch {
     }
 }
 
+/// A cluster with the drills' short timers, so that faults are noticed in seconds:
+/// heartbeat 2 s (devices give a silent session up after 4 s, the gateway after 5 s),
+/// ack timeout and probe 2 s, leases 1.5 s, send timeout 2 s.
+pub fn drill_cluster(name: &str, redis_url: Option<String>) -> crate::Cluster {
+    let mut c = match redis_url {
+        Some(url) => crate::Cluster::with_redis(name, url),
+        None => crate::Cluster::new(name),
+    };
+    c.set("HERALD_GATEWAY__HEARTBEAT_MS", "2000")
+        .set("HERALD_GATEWAY__NAT_IDLE_TIMEOUT_MS", "6000")
+        .set("HERALD_GATEWAY__ACK_TIMEOUT_MS", "2000")
+        .set("HERALD_GATEWAY__ACK_PROBE_MS", "2000")
+        .set("HERALD_GATEWAY__DRAIN_MS", "1000")
+        .set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "2000")
+        // The watermark trails by the outbox's whole retry window (checked at start):
+        // 1 s + 100 x 300 ms + a 2 s stale claim.
+        .set("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "35000")
+        .set("HERALD_OUTBOX__SENDING_STALE_MS", "2000")
+        .set("HERALD_GATEWAY__WATERMARK_FLUSH_MS", "300")
+        .set("HERALD_WORKER__LEASE_TTL_MS", "1500")
+        .set("HERALD_OUTBOX__FIXED_DELAY_MS", "200")
+        .set("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "1000")
+        .set("HERALD_OUTBOX__BACKOFF_MS", "300")
+        .set("HERALD_OUTBOX__MAX_ATTEMPTS", "100");
+    c
+}
+
 /// How much traffic a drill runs.
 #[derive(Clone, Debug)]
 pub struct Traffic {

@@ -17,7 +17,8 @@
 //! - [`eventually`] (`wait`): polling until a condition holds.
 //! - [`WireTap`] (`wiretap`): a proxy that records what a client puts on the wire.
 //! - [`run_scenario`] (`scenario`): a load-test scenario against a cluster, its report.
-//! - [`drill`], [`faults`], [`redis_cluster`]: fault drills, injected faults, Redis Cluster.
+//! - [`drill`], [`faults`], [`redis_cluster`]: fault drills, injected faults, Redis Cluster;
+//!   [`replication`]: a MariaDB primary with a semi-synchronous replica.
 
 mod admin;
 mod backlog;
@@ -33,6 +34,7 @@ mod wiretap;
 pub mod drill;
 pub mod faults;
 pub mod redis_cluster;
+pub mod replication;
 
 pub use admin::AdminClient;
 pub use backlog::{fill_backlog, pending_ids, Fill};

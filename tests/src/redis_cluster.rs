@@ -11,10 +11,12 @@ use crate::{eventually, free_port, spawn_redis_server};
 /// One `redis-server --cluster-enabled yes` of the cluster.
 struct Node {
     port: u16,
+    /// The cluster bus port (not the default port + 10 000).
+    bus: u16,
     child: Child,
 }
 
-/// Three masters, no replicas, all 16384 slots assigned.
+/// Three masters, all 16384 slots assigned; no replicas unless a test adds one.
 pub struct RedisCluster {
     nodes: Vec<Node>,
     dir: PathBuf,
@@ -66,7 +68,7 @@ impl RedisCluster {
                     dir,
                 ],
             );
-            let mut node = Node { port, child };
+            let mut node = Node { port, bus, child };
             let up = eventually(Duration::from_secs(10), "cluster node answers or exits", || {
                 let exited = matches!(node.child.try_wait(), Ok(Some(_)));
                 let pong = !exited && self.cli_text(port, &["ping"]).contains("PONG");
@@ -167,6 +169,68 @@ impl RedisCluster {
                 line.and_then(|l| l.split(',').next()).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
             })
             .sum()
+    }
+
+    /// Adds a replica of master `master` (a fourth node, `CLUSTER REPLICATE`) and waits
+    /// until it is in sync; returns its index.
+    pub async fn add_replica(&mut self, master: usize) -> usize {
+        let node = self.start_node().await;
+        let (port, master_port, master_bus) = (node.port, self.nodes[master].port, self.nodes[master].bus);
+        self.nodes.push(node);
+        let meet =
+            self.cli_text(port, &["cluster", "meet", "127.0.0.1", &master_port.to_string(), &master_bus.to_string()]);
+        assert!(meet.contains("OK"), "CLUSTER MEET: {meet}");
+        let id = self.cli_text(master_port, &["cluster", "myid"]).trim().to_owned();
+        eventually(Duration::from_secs(20), "the new node replicates the master", || {
+            let done = self.cli_text(port, &["cluster", "replicate", &id]).contains("OK");
+            async move { done.then_some(()) }
+        })
+        .await;
+        eventually(Duration::from_secs(20), "the replica is in sync", || {
+            let info = self.cli_text(port, &["info", "replication"]);
+            async move { info.contains("master_link_status:up").then_some(()) }
+        })
+        .await;
+        self.nodes.len() - 1
+    }
+
+    /// Cuts node `replica`'s replication link for good: it reconnects with a password
+    /// the master refuses, so the master's writes from now on stay behind.
+    pub async fn cut_replication(&self, replica: usize) {
+        let port = self.nodes[replica].port;
+        let set = self.cli_text(port, &["config", "set", "masterauth", "not-the-password"]);
+        assert!(set.contains("OK"), "CONFIG SET masterauth: {set}");
+        self.cli_text(port, &["client", "kill", "type", "master"]);
+        eventually(Duration::from_secs(10), "the replication link is down", || {
+            let info = self.cli_text(port, &["info", "replication"]);
+            async move { info.contains("master_link_status:down").then_some(()) }
+        })
+        .await;
+    }
+
+    /// SIGKILLs node `i` (its data is gone with it).
+    pub fn kill(&mut self, i: usize) {
+        let _ = self.nodes[i].child.kill();
+        let _ = self.nodes[i].child.wait();
+    }
+
+    /// Promotes replica `replica` without its master (`CLUSTER FAILOVER TAKEOVER`, as an
+    /// operator or a failover does once the master is gone), and waits until every
+    /// other live node sees it serve the slots.
+    pub async fn take_over(&self, replica: usize, alive: &[usize]) {
+        let port = self.nodes[replica].port;
+        let out = self.cli_text(port, &["cluster", "failover", "takeover"]);
+        assert!(out.contains("OK"), "CLUSTER FAILOVER TAKEOVER: {out}");
+        for &i in alive {
+            let p = self.nodes[i].port;
+            eventually(Duration::from_secs(20), "the promoted replica serves its slots everywhere", || {
+                let nodes = self.cli_text(p, &["cluster", "nodes"]);
+                let promoted = nodes.lines().any(|l| l.contains(&format!(":{port}@")) && l.contains("master"));
+                let info = self.cli_text(p, &["cluster", "info"]);
+                async move { (promoted && info.contains("cluster_state:ok")).then_some(()) }
+            })
+            .await;
+        }
     }
 
     /// The hash slot of `key` (CLUSTER KEYSLOT).

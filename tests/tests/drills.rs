@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use herald_tests::drill::{metric, Drill, Traffic};
+use herald_tests::drill::{drill_cluster, metric, Drill, Traffic};
 use herald_tests::faults::{self, MariaDb, SwitchProxy, TcpProxy};
 use herald_tests::{Cluster, RedisServer};
 
@@ -15,31 +15,8 @@ use herald_tests::{Cluster, RedisServer};
 /// values (printed as `DRILL ...`) are a few seconds.
 const CATCH_UP_BOUND: Duration = Duration::from_secs(30);
 
-/// Short timers so that faults are noticed in seconds: heartbeat 2 s (devices give a
-/// silent session up after 4 s, the gateway after 5 s), ack timeout and probe 2 s,
-/// leases 1.5 s, send timeout 2 s.
 fn cluster(name: &str, redis_url: Option<String>) -> Cluster {
-    let mut c = match redis_url {
-        Some(url) => Cluster::with_redis(name, url),
-        None => Cluster::new(name),
-    };
-    c.set("HERALD_GATEWAY__HEARTBEAT_MS", "2000")
-        .set("HERALD_GATEWAY__NAT_IDLE_TIMEOUT_MS", "6000")
-        .set("HERALD_GATEWAY__ACK_TIMEOUT_MS", "2000")
-        .set("HERALD_GATEWAY__ACK_PROBE_MS", "2000")
-        .set("HERALD_GATEWAY__DRAIN_MS", "1000")
-        .set("HERALD_GATEWAY__SEND_TIMEOUT_MS", "2000")
-        // The watermark trails by the outbox's whole retry window (checked at start):
-        // 1 s + 100 x 300 ms + a 2 s stale claim.
-        .set("HERALD_GATEWAY__WATERMARK_MARGIN_MS", "35000")
-        .set("HERALD_OUTBOX__SENDING_STALE_MS", "2000")
-        .set("HERALD_GATEWAY__WATERMARK_FLUSH_MS", "300")
-        .set("HERALD_WORKER__LEASE_TTL_MS", "1500")
-        .set("HERALD_OUTBOX__FIXED_DELAY_MS", "200")
-        .set("HERALD_OUTBOX__FIRST_RETRY_DELAY_MS", "1000")
-        .set("HERALD_OUTBOX__BACKOFF_MS", "300")
-        .set("HERALD_OUTBOX__MAX_ATTEMPTS", "100");
-    c
+    drill_cluster(name, redis_url)
 }
 
 async fn start(c: &mut Cluster, workers: usize, gateways: usize) {
@@ -205,6 +182,58 @@ async fn redis_failover_to_a_lagging_replica() {
     otto.stop().await;
     let epochs = sum_metric(&admin_urls(&c), "herald_redis_epochs_total").await;
     assert!(epochs > epochs_before, "a gateway began a new epoch for the promoted replica");
+}
+
+/// A Redis Cluster master fails over to its replica, which had not received the
+/// master's last writes: the link is cut, an offline device (its keys on that master)
+/// gets 20 messages, the master is SIGKILLed and the replica takes its slots over. The
+/// other masters, the epoch's among them, keep their data; Herald notices the shard's
+/// new master (its replication id) and reads every pending set again from MySQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_cluster_failover_to_a_lagging_replica() {
+    use herald_tests::redis_cluster::RedisCluster;
+    let mut rc = RedisCluster::start().await;
+    let mut c = cluster("drill-rcfailover", Some(rc.url()));
+    let keys = c.keys();
+    let failing = (0..3).find(|&i| i != rc.node_of(&keys.epoch())).expect("a master without the epoch");
+    let away = (0..200)
+        .map(|i| format!("otto{i}"))
+        .find(|u| rc.node_of(&keys.presence(herald_tests::TENANT, u)) == failing)
+        .expect("a user on the failing master");
+    let replica = rc.add_replica(failing).await;
+    start(&mut c, 1, 2).await;
+    let sender = c.client(0, "olga", "o1");
+    sender.create_conversation(Some("away"), "direct", &["olga", &away]).await.unwrap();
+    let device = herald_tests::AutoDevice::connect(&c.gateways[1].base_url(), &c.token(&away, "o1"), &away, "o1").await;
+    device.stop().await;
+    let mut d = traffic("redis_cluster_failover_to_a_lagging_replica", &c).await;
+    d.traffic(Duration::from_secs(3)).await;
+    let epochs_before = sum_metric(&admin_urls(&c), "herald_redis_epochs_total").await;
+    d.note(format!("replication link of master {failing} cut"));
+    rc.cut_replication(replica).await;
+    let mut for_away = std::collections::BTreeSet::new();
+    for k in 0..20 {
+        let r = sender.send_until_committed(&format!("away{k}"), "away", &serde_json::json!(k), 20).await.unwrap();
+        for_away.insert(r.id.0);
+    }
+    d.traffic(Duration::from_secs(1)).await;
+    d.note(format!("master {failing} SIGKILLed; its replica takes its slots over"));
+    rc.kill(failing);
+    let alive: Vec<usize> = (0..3).filter(|&i| i != failing).collect();
+    rc.take_over(replica, &alive).await;
+    d.catch_up(CATCH_UP_BOUND).await;
+    d.traffic(Duration::from_secs(2)).await;
+    d.finish().await.assert_clean();
+    let device = herald_tests::AutoDevice::connect(&c.gateways[0].base_url(), &c.token(&away, "o1"), &away, "o1").await;
+    herald_tests::eventually(Duration::from_secs(20), "every message sent to the offline device", || async {
+        for_away.is_subset(&device.ids()).then_some(())
+    })
+    .await;
+    device.stop().await;
+    let epochs = sum_metric(&admin_urls(&c), "herald_redis_epochs_total").await;
+    assert!(epochs > epochs_before, "a gateway began a new epoch for the promoted replica");
+    let promotions = sum_metric(&admin_urls(&c), "herald_redis_promotions_total").await;
+    assert!(promotions >= 1.0, "the promotion was counted: {promotions}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -33,6 +33,7 @@ pub mod outbox;
 pub mod projections;
 pub mod push;
 pub mod reads;
+pub mod seq_floor;
 pub mod server_check;
 pub mod timeline;
 pub mod trace;
@@ -101,6 +102,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     };
     let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
     let keys = Keys::new(cfg.redis_key_prefix.clone());
+    let floors = Arc::new(seq_floor::SeqFloors::new(redis.clone(), keys.clone()));
     let mut fanout = Fanout::new(
         db.clone(),
         redis.clone(),
@@ -109,7 +111,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         cfg.delivery.pending_cap,
         cfg.outbox.retry_window_ms(),
     )
-    .with_device_ttl(cfg.delivery.device_ttl_s * 1000);
+    .with_device_ttl(cfg.delivery.device_ttl_s * 1000)
+    .with_seq_floors(floors.clone());
     // Sized for a few seconds of fan-outs; when full, their messages get no notification.
     let (push_queue, push_rx) = tokio::sync::mpsc::channel(1_024);
     if cfg.push.enabled() {
@@ -147,6 +150,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             },
             dialect,
         },
+        floors: floors.clone(),
     };
     let mut commit = CommitPipeline::new(
         db.clone(),
@@ -155,6 +159,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         cfg.delivery.sync_settle_ms,
         cfg.delivery.device_ttl_s * 1000,
         dialect,
+        floors.clone(),
     );
     // Keys of deleted messages are looked up while retention deletes messages, or once
     // it did (a retention since turned off leaves its keys).
@@ -220,6 +225,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.spawn_supervised("janitor", Criticality::Background, move |c| janitor.clone().run(c));
     let (health, ready) = (shared.clone(), process.readiness().clone());
     process.spawn_supervised("health", Criticality::Critical, move |c| health_loop(health.clone(), ready.clone(), c));
+    let clock = herald_shared::clock::ClockWatch::new(shared.redis.clone(), shared.cfg.delivery.sync_settle_ms);
+    process.spawn_supervised("clock_watch", Criticality::Background, move |c| clock.clone().run(c));
     process.serve_admin(listener, admin::router(shared.clone(), metrics, process.readiness().clone()));
 
     shutdown.await;

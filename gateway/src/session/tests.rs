@@ -280,7 +280,8 @@ async fn a_draining_session_applies_reads_and_refuses_sends() {
     let id = (1u64 << 62) + 1;
     fill(&f, "d1", &[id]).await;
     let (socket, mut peer) = socket_pair();
-    let session = tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), admission(1), socket, super::Features::default()));
+    let session =
+        tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), admission(1), socket, super::Features::default()));
     assert!(matches!(peer.next().await, Ok(ServerFrame::Hello(_))));
     assert!(matches!(peer.next().await, Ok(ServerFrame::Msg(_))), "one message in flight");
     f.env.drain.cancel();

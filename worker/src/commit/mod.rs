@@ -14,6 +14,7 @@
 //! unique key; only then does the batch run again, looking them up first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use herald_shared::db::TextColumns;
@@ -25,6 +26,7 @@ use sqlx::Row;
 
 use crate::batch::{live_since, Committed, Recipient};
 use crate::lease::IdSource;
+use crate::seq_floor::SeqFloors;
 
 mod connections;
 mod errors;
@@ -126,6 +128,8 @@ pub struct CommitPipeline {
     /// Retention deletes messages (or did): their keys are looked up in `message_keys`
     /// too, so a resend of a deleted message is still a repeat.
     pub keys_outlive_messages: bool,
+    /// The seqs devices may hold, which a `last_seq` gone back must not reuse.
+    floors: Arc<SeqFloors>,
 }
 
 struct ConvState {
@@ -151,8 +155,10 @@ impl CommitPipeline {
         sync_settle_ms: u64,
         device_ttl_ms: u64,
         dialect: Dialect,
+        floors: Arc<SeqFloors>,
     ) -> Self {
         CommitPipeline {
+            floors,
             conns: CommitConnections::new(db, commits_in_flight),
             dialect,
             first_retry_delay_ms,
@@ -312,6 +318,10 @@ impl CommitPipeline {
             }
         }
 
+        // Seqs that went back are never numbered from (`seq_floor.rs`).
+        let lift = convs.iter_mut().map(|((t, c), s)| (t.as_str(), c.as_str(), &mut s.last_seq));
+        self.floors.lift(lift).await?;
+
         // 3. Number the new messages in stream order.
         let (mut result, planned) = number(entries, &existing, &mut convs, ids, now)?;
 
@@ -412,6 +422,7 @@ impl CommitPipeline {
             .collect();
         for ((tenant, conv), c) in convs {
             if c.changed {
+                self.floors.remember(&tenant, &conv, c.last_seq);
                 result.recipients.extend(c.devices.into_iter().map(|(user, joined_seq, device, push)| Recipient {
                     tenant: tenant.clone(),
                     conv: conv.clone(),

@@ -36,6 +36,9 @@ pub enum CommitError {
     /// Another worker took the shard since this one's lease: it must stop.
     #[error("shard {0} was taken over (fencing token moved on)")]
     Fenced(u32),
+    /// Redis did not say which seqs its conversations' devices may hold.
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
     /// The batch's ids grew too old before COMMIT; run it again with new ones.
     #[error("ids drawn {0} ms before commit; drawing new ones")]
     StaleIds(u64),
@@ -45,7 +48,7 @@ impl CommitError {
     pub fn failure(&self) -> Failure {
         match self {
             CommitError::Fenced(_) => Failure::Fenced,
-            CommitError::NoIds(_) => Failure::Transient,
+            CommitError::NoIds(_) | CommitError::Redis(_) => Failure::Transient,
             CommitError::StaleIds(_) => Failure::Conflict,
             CommitError::Db(e) => match mysql_code(e) {
                 Some((number, state)) => classify(number, &state),

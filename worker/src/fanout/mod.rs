@@ -15,6 +15,7 @@
 //! between is not put back (docs/architecture.md section 3, "Acked ids stay acked").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use fred::prelude::*;
 use herald_shared::ids::MsgId;
@@ -26,6 +27,7 @@ use sqlx::mysql::MySqlPool;
 use tokio::sync::mpsc;
 
 use crate::batch::{Committed, PushCandidate, Recipient};
+use crate::seq_floor::SeqFloors;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FanoutError {
@@ -63,6 +65,8 @@ pub struct Fanout {
     /// Where the messages for devices with a push token go once fanned out (the push
     /// scheduler); none when no tenant has a webhook.
     push: Option<mpsc::Sender<Vec<PushCandidate>>>,
+    /// Where the seqs handed on are raised (`seq_floor.rs`); none in unit tests.
+    floors: Option<Arc<SeqFloors>>,
 }
 
 /// Pending-set additions for one user: device -> messages.
@@ -79,12 +83,19 @@ impl Fanout {
             done_ttl_ms,
             device_ttl_ms: u64::MAX,
             push: None,
+            floors: None,
         }
     }
 
     /// Hands the messages for devices with a push token to the push scheduler.
     pub fn with_push(mut self, scheduler: mpsc::Sender<Vec<PushCandidate>>) -> Self {
         self.push = Some(scheduler);
+        self
+    }
+
+    /// Raises the seqs devices may hold before they are told (`seq_floor.rs`).
+    pub fn with_seq_floors(mut self, floors: Arc<SeqFloors>) -> Self {
+        self.floors = Some(floors);
         self
     }
 
@@ -172,7 +183,17 @@ impl Fanout {
         }
 
         let client = self.redis.next();
-        let results = match self.write(client, &msgs, &frames, &plans).await {
+        // Devices are told only after both (the PUBLISH below).
+        let raise = async {
+            if let Some(floors) = &self.floors {
+                floors.raise(&msgs).await
+            } else {
+                Ok(())
+            }
+        };
+        let (raised, written) = tokio::join!(raise, self.write(client, &msgs, &frames, &plans));
+        raised?;
+        let results = match written {
             Err(e) if e.to_string().contains("NOSCRIPT") => {
                 scripts::FANOUT.script().load(client).await?;
                 self.write(client, &msgs, &frames, &plans).await?

@@ -13,6 +13,7 @@ pub mod rules;
 mod store;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -23,6 +24,7 @@ use sqlx::mysql::MySqlPool;
 use crate::commit::script::Script;
 use crate::commit::{BatchResult, Failure, Fence};
 use crate::lease::IdSource;
+use crate::seq_floor::SeqFloors;
 pub use store::Settings;
 
 /// What a refused change's actor hears when MySQL refuses its data itself.
@@ -33,6 +35,8 @@ const POISON: &str = "the change could not be stored (the database refused it)";
 pub struct TimelineCommitter {
     pub db: MySqlPool,
     pub settings: Settings,
+    /// The seqs devices may hold, which a `last_seq` gone back must not reuse.
+    pub floors: Arc<SeqFloors>,
 }
 
 impl TimelineCommitter {
@@ -98,7 +102,7 @@ impl TimelineCommitter {
     ) -> BoxFuture<'a, Result<(SendOutcome, Option<BatchResult>), crate::commit::CommitError>> {
         Box::pin(async move {
             let mut conn = self.db.acquire().await?;
-            let result = store::attempt(&mut conn, e, ids, fence, self.settings).await;
+            let result = store::attempt(&mut conn, e, ids, fence, self.settings, &self.floors).await;
             if result.is_err() {
                 let mut rollback = Script::default();
                 rollback.push("ROLLBACK");

@@ -26,6 +26,7 @@ use crate::batch::{live_since, Committed, Recipient};
 use crate::commit::script::Script;
 use crate::commit::{BatchResult, CommitError, Fence};
 use crate::lease::IdSource;
+use crate::seq_floor::SeqFloors;
 
 /// Time kept back from the ids' freshness for the round trip and COMMIT itself.
 const COMMIT_MARGIN_MS: u64 = 50;
@@ -61,6 +62,7 @@ pub async fn attempt(
     ids: &IdSource,
     fence: Fence,
     s: Settings,
+    floors: &SeqFloors,
 ) -> Result<(SendOutcome, Option<BatchResult>), CommitError> {
     let now = now_ms();
     let target_id = match &e.op {
@@ -86,7 +88,10 @@ pub async fn attempt(
         return Ok((refused(ErrorCode::NotFound, "no such conversation"), None));
     };
     let kind = ConversationKind::parse(&conv.text(0)?).unwrap_or(ConversationKind::Group);
-    let (last_seq, last_id): (u64, MsgId) = (conv.try_get(2)?, MsgId(conv.try_get::<Option<u64>, _>(3)?.unwrap_or(0)));
+    let (mut last_seq, last_id): (u64, MsgId) =
+        (conv.try_get(2)?, MsgId(conv.try_get::<Option<u64>, _>(3)?.unwrap_or(0)));
+    // Seqs that went back are never numbered from (`seq_floor.rs`).
+    floors.lift([(e.tenant.as_str(), e.conv.as_str(), &mut last_seq)]).await?;
     let mut members: BTreeMap<String, Member> = BTreeMap::new();
     for r in &member_rows {
         let role = MemberRole::parse(&r.text(1)?).unwrap_or(MemberRole::Member);
@@ -172,6 +177,7 @@ pub async fn attempt(
         }
         finish(conn).await?;
     }
+    floors.remember(&e.tenant, &e.conv, last_seq + committed.len() as u64);
 
     let recipients = devices
         .into_iter()
