@@ -572,7 +572,9 @@ def metadata():
     if ann.get("artifacthub.io/license") != "Apache-2.0":
         fail("Chart.yaml: artifacthub.io/license is not the repository's Apache-2.0")
     values = yaml.safe_load((chart_dir / "values.yaml").read_text())
-    image = values["image"]["repository"] + ":" + (values["image"]["tag"] or chart["appVersion"])
+    registry = values["image"].get("registry") or ""
+    repository = (registry.rstrip("/") + "/" if registry else "") + values["image"]["repository"]
+    image = repository + ":" + (values["image"]["tag"] or chart["appVersion"])
     images = [i["image"] for i in yaml.safe_load(ann.get("artifacthub.io/images", "[]")) or []]
     if images != [image]:
         fail(f"Chart.yaml: artifacthub.io/images {images} is not the chart's default image {image}")

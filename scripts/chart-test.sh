@@ -235,7 +235,7 @@ YAML
 "$helm" template platform "$umbrella" "${operator[@]}" > "$out/umbrella.yaml"
 "$helm" template platform "$umbrella" "${operator[@]}" > "$out/umbrella-again.yaml"
 cmp -s "$out/umbrella.yaml" "$out/umbrella-again.yaml" || { echo "two umbrella renders differ" >&2; exit 1; }
-grep -q "image: mirror.example.com/herald:" "$out/umbrella.yaml" \
+grep -q "image: mirror.example.com/herald-im/herald:" "$out/umbrella.yaml" \
   || { echo "the umbrella's global.imageRegistry did not reach the pods" >&2; exit 1; }
 grep -q "name: mirror-credentials" "$out/umbrella.yaml" \
   || { echo "the umbrella's global.imagePullSecrets did not reach the pods" >&2; exit 1; }

@@ -31,8 +31,8 @@ LAYERS = {
     "gateway": [
         ["tls", "mailbox", "budget", "watchers"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status", "starts"],
-        ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "notices", "typing", "roster"],
-        ["session", "liveness"],
+        ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "typing", "roster"],
+        ["session", "liveness", "notices"],
         ["state"],
         ["api"],
         [""],
