@@ -4,7 +4,8 @@
 //! refuses a statement an older binary could trip on:
 //!
 //! - dropping, renaming or retyping anything (`DROP`, `RENAME`, `MODIFY`, `CHANGE`,
-//!   `TRUNCATE`): the old code still reads and writes it;
+//!   `TRUNCATE`): the old code still reads and writes it (a text or blob column made
+//!   larger, still nullable, is accepted: the old code reads and writes it as before);
 //! - a new column that is `NOT NULL` without a `DEFAULT`: the old code's `INSERT`s do not
 //!   name it and would fail;
 //! - a new `UNIQUE` key or `FOREIGN KEY` on an existing table: rows the old code writes
@@ -15,6 +16,9 @@
 //! `-- contract: <what and since which release nothing reads it>`.
 
 use std::path::Path;
+
+/// The types a `MODIFY` may widen a text or blob column to.
+const WIDER: [&str; 4] = ["MEDIUMTEXT", "LONGTEXT", "MEDIUMBLOB", "LONGBLOB"];
 
 /// What is not expand-only in one migration's SQL, one line per statement.
 fn contract_statements(sql: &str) -> Vec<String> {
@@ -38,7 +42,10 @@ fn contract_statements(sql: &str) -> Vec<String> {
             let first = c.first().copied().unwrap_or("");
             let second = c.get(1).copied().unwrap_or("");
             let refused = match first {
-                "DROP" | "RENAME" | "MODIFY" | "CHANGE" | "ALTER" => true,
+                // A text or blob column made larger (TEXT to MEDIUMTEXT): the old code
+                // reads and writes it as before.
+                "MODIFY" => !(WIDER.contains(&c.get(2).copied().unwrap_or("")) && !clause.contains(" NOT NULL")),
+                "DROP" | "RENAME" | "CHANGE" | "ALTER" => true,
                 "ADD" => match second {
                     "UNIQUE" | "FOREIGN" | "CONSTRAINT" | "PRIMARY" => true,
                     "KEY" | "INDEX" | "FULLTEXT" | "SPATIAL" => false,
@@ -103,7 +110,8 @@ fn every_migration_only_expands_the_schema() {
 fn the_rules_refuse_what_breaks_an_older_binary_and_accept_what_only_adds() {
     let accepted = "CREATE TABLE t (a INT NOT NULL, UNIQUE KEY u (a)); -- drop nothing\n\
         ALTER TABLE m ADD COLUMN e TEXT NULL, ADD COLUMN r VARCHAR(8) NOT NULL DEFAULT 'member';\n\
-        ALTER TABLE m ADD KEY k (a, b); CREATE INDEX i ON m (a); INSERT INTO t VALUES (1);";
+        ALTER TABLE m ADD KEY k (a, b); CREATE INDEX i ON m (a); INSERT INTO t VALUES (1);\n\
+        ALTER TABLE m MODIFY event MEDIUMTEXT NULL;";
     assert_eq!(contract_statements(accepted), Vec::<String>::new());
     for refused in [
         "DROP TABLE t",
@@ -111,6 +119,7 @@ fn the_rules_refuse_what_breaks_an_older_binary_and_accept_what_only_adds() {
         "ALTER TABLE m ADD COLUMN a INT, DROP KEY k",
         "ALTER TABLE m RENAME COLUMN a TO b",
         "ALTER TABLE m MODIFY body TEXT NULL",
+        "ALTER TABLE m MODIFY body MEDIUMTEXT NOT NULL",
         "ALTER TABLE m CHANGE a b INT",
         "ALTER TABLE m ADD COLUMN n BIGINT NOT NULL",
         "ALTER TABLE m ADD n DECIMAL(10, 2) NOT NULL",

@@ -106,6 +106,6 @@ mod tests {
             assert!(s.source().contains("-- Returns:"), "{} does not state what it returns", s.name());
             assert!(hashes.insert(s.script().sha1().to_string()), "{}", s.name());
         }
-        assert_eq!(ALL.len(), 14);
+        assert_eq!(ALL.len(), 15);
     }
 }
