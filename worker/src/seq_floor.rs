@@ -76,6 +76,15 @@ impl SeqFloors {
         Ok(out)
     }
 
+    /// Reads the floors of `convs` not in memory yet, before a transaction takes its
+    /// locks: the commit then reads them from memory, with no Redis round trip while it
+    /// holds them. Best effort: what is missed is read (or not) by [`SeqFloors::lift`].
+    pub async fn prefetch(&self, convs: &[(&str, &str)]) {
+        if let Err(e) = self.floors(convs).await {
+            tracing::debug!(error = %e, "seq floors not read ahead");
+        }
+    }
+
     /// Moves each conversation's `last_seq` past its floor, reporting those it had to.
     pub async fn lift<'a>(
         &self,
@@ -83,7 +92,22 @@ impl SeqFloors {
     ) -> Result<(), Error> {
         let mut convs: Vec<(&str, &str, &mut u64)> = convs.into_iter().collect();
         let wanted: Vec<(&str, &str)> = convs.iter().map(|(t, c, _)| (*t, *c)).collect();
-        let floors = self.floors(&wanted).await?;
+        // Best effort: a commit never waits for Redis (an acknowledged message needs
+        // MySQL only). Without Redis, this process's memory still guards the
+        // conversations it numbered; a failover to a lagging MySQL replica while Redis
+        // is also down is not caught (docs/reliability.md).
+        let floors = match self.floors(&wanted).await {
+            Ok(floors) => floors,
+            Err(e) => {
+                tracing::warn!(error = %e, "seq floors unread (Redis); numbering from MySQL and this process's memory");
+                let known = self.known.lock().expect("seq floors");
+                wanted
+                    .iter()
+                    .filter_map(|&(t, c)| known.get_key_value(&(t.to_owned(), c.to_owned())))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect()
+            }
+        };
         for (t, c, last_seq) in &mut convs {
             let floor = floors.get(&(t.to_string(), c.to_string())).copied().unwrap_or(0);
             **last_seq = past_floor(t, c, **last_seq, floor);

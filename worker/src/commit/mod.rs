@@ -178,6 +178,8 @@ impl CommitPipeline {
         ids: &IdSource,
         fences: &[Fence],
     ) -> Result<BatchResult, CommitError> {
+        let convs: Vec<(&str, &str)> = entries.iter().map(|e| (e.tenant.as_str(), e.conv.as_str())).collect();
+        self.floors.prefetch(&convs).await;
         match self.commit_with(entries, ids, fences, Dedup::ByUniqueKey).await {
             Err(CommitError::Db(e)) if is_repeat(&e) => {
                 metrics::counter!("herald_batches_with_repeats_total").increment(1);

@@ -101,6 +101,7 @@ impl TimelineCommitter {
         fence: Fence,
     ) -> BoxFuture<'a, Result<(SendOutcome, Option<BatchResult>), crate::commit::CommitError>> {
         Box::pin(async move {
+            self.floors.prefetch(&[(e.tenant.as_str(), e.conv.as_str())]).await;
             let mut conn = self.db.acquire().await?;
             let result = store::attempt(&mut conn, e, ids, fence, self.settings, &self.floors).await;
             if result.is_err() {
