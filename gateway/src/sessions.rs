@@ -14,6 +14,8 @@ pub use herald_shared::keys::DeviceKey;
 #[derive(Debug)]
 struct Entry {
     session: String,
+    /// The session's epoch among its device's sessions (drawn at admission).
+    epoch: u64,
     mailbox: Arc<Mailbox>,
 }
 
@@ -27,12 +29,27 @@ pub struct SessionRegistry {
 impl SessionRegistry {
     /// Registers a session, which reads its pushes and control messages from the
     /// mailbox returned (at most `queue` pushes and `ephemeral` typing and presence
-    /// frames wait in it); an older local session of the device is told it is replaced.
-    pub fn register(&self, key: DeviceKey, session: String, queue: usize, ephemeral: usize) -> Arc<Mailbox> {
+    /// frames wait in it). Of two local sessions of the device, the one with the lower
+    /// `epoch` (admitted first) is told it is replaced, whichever registers last.
+    pub fn register(
+        &self,
+        key: DeviceKey,
+        session: String,
+        epoch: u64,
+        queue: usize,
+        ephemeral: usize,
+    ) -> Arc<Mailbox> {
         let mailbox = Arc::new(Mailbox::new(queue, ephemeral));
-        let entry = Entry { session, mailbox: mailbox.clone() };
+        let entry = Entry { session, epoch, mailbox: mailbox.clone() };
         let user = (key.tenant.clone(), key.user.clone());
         let mut map = self.sessions.lock().expect("sessions");
+        if map.get(&key).is_some_and(|e| e.epoch > epoch) {
+            // A newer session of the device is here already: this one ends (4002).
+            mailbox.control(Control::Replaced);
+            drop(map);
+            metrics::gauge!("herald_gateway_sessions").increment(1.0);
+            return mailbox;
+        }
         match map.insert(key, entry) {
             Some(old) => {
                 old.mailbox.control(Control::Replaced);

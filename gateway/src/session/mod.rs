@@ -335,7 +335,8 @@ where
             let directory = self.env.directory.clone();
             let mailbox = {
                 let g = &self.env.cfg.gateway;
-                directory.register(self.device.clone(), self.id.clone(), g.realtime_queue, g.ephemeral_queue)
+                let epoch = self.presence.epoch();
+                directory.register(self.device.clone(), self.id.clone(), epoch, g.realtime_queue, g.ephemeral_queue)
             };
             let end = match Box::pin(self.start()).await {
                 Ok(()) => self.event_loop(&mailbox).await,

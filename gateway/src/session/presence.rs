@@ -59,6 +59,11 @@ impl Presence {
         }
     }
 
+    /// The session's epoch among its device's sessions.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     fn keys(&self, keys: &Keys) -> Vec<String> {
         vec![self.key.clone(), keys.devices(&self.device.tenant, &self.device.user)]
     }
