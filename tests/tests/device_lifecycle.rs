@@ -170,6 +170,19 @@ async fn register_push(c: &Cluster, gw: usize, user: &str, device: &str) -> u16 
     r.status().as_u16()
 }
 
+/// A worker, two gateways, alice and bob's conversation, and bob's device b1 registered
+/// (and remembered) by gateway 1, where its session has ended.
+async fn known_to_gateway_1(name: &str) -> Cluster {
+    let mut c = Cluster::new(name);
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.start_gateway(&[]).await;
+    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let first = AutoDevice::connect(&c.gateways[1].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    first.stop().await;
+    c
+}
+
 /// A device that logged out and comes back, on whichever gateway: registered again at
 /// once, its session stays, and it gets every message from then on.
 async fn comes_back_on_the_other_gateway(c: &Cluster) {
@@ -187,14 +200,8 @@ async fn comes_back_on_the_other_gateway(c: &Cluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_logged_out_on_one_gateway_is_registered_again_on_another() {
-    let mut c = Cluster::new("logout-two-gw");
-    c.start_worker(&[]).await;
-    c.start_gateway(&[]).await;
-    c.start_gateway(&[]).await;
-    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
     // Gateway 1 knows the device (it registered it), then it logs out through gateway 0.
-    let first = AutoDevice::connect(&c.gateways[1].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
-    first.stop().await;
+    let c = known_to_gateway_1("logout-two-gw").await;
     let r = reqwest::Client::new()
         .delete(format!("{}/v1/devices/me", c.gateways[0].base_url()))
         .bearer_auth(c.token("bob", "b1"))
@@ -209,13 +216,7 @@ async fn a_device_logged_out_on_one_gateway_is_registered_again_on_another() {
 /// the device's row and Redis state are gone, as a logout leaves them, and nothing said so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_whose_logout_went_unheard_is_registered_again_when_it_returns() {
-    let mut c = Cluster::new("logout-unheard");
-    c.start_worker(&[]).await;
-    c.start_gateway(&[]).await;
-    c.start_gateway(&[]).await;
-    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
-    let first = AutoDevice::connect(&c.gateways[1].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
-    first.stop().await;
+    let c = known_to_gateway_1("logout-unheard").await;
     let db = c.db().await;
     sqlx::query("DELETE FROM devices WHERE device_id = 'b1'").execute(&db).await.unwrap();
     let d = herald_shared::keys::DeviceKey::new(TENANT, "bob", "b1");
