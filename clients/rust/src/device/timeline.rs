@@ -151,16 +151,7 @@ impl State {
             return;
         }
         t.waiting.entry(seq).or_insert(id);
-        while let Some(id) = t.waiting.remove(&(t.shown + 1)) {
-            t.shown += 1;
-            self.log.shown.push(Shown { id, conv: conv.to_owned(), seq: t.shown });
-            if let Some(s) = self.screens.as_mut() {
-                s.show(id);
-            }
-        }
-        if t.waiting.is_empty() {
-            t.gap_since = None;
-        }
+        show_waiting(t, &mut self.log, &mut self.screens, conv);
     }
 
     /// The device's membership of `conv` starts after `seq` (a history page says so):
@@ -178,16 +169,7 @@ impl State {
             }
             *s > seq
         });
-        while let Some(id) = t.waiting.remove(&(t.shown + 1)) {
-            t.shown += 1;
-            self.log.shown.push(Shown { id, conv: conv.to_owned(), seq: t.shown });
-            if let Some(s) = self.screens.as_mut() {
-                s.show(id);
-            }
-        }
-        if t.waiting.is_empty() {
-            t.gap_since = None;
-        }
+        show_waiting(t, &mut self.log, &mut self.screens, conv);
     }
 
     /// Conversations whose gap has been open long enough: (conv, after_seq).
@@ -209,6 +191,21 @@ impl State {
             }
         }
         out
+    }
+}
+
+/// Shows what waits just above `t`'s last shown seq, in order, and ends its gap once
+/// nothing waits.
+fn show_waiting(t: &mut Timeline, log: &mut DeviceLog, screens: &mut Option<Screens>, conv: &str) {
+    while let Some(id) = t.waiting.remove(&(t.shown + 1)) {
+        t.shown += 1;
+        log.shown.push(Shown { id, conv: conv.to_owned(), seq: t.shown });
+        if let Some(s) = screens.as_mut() {
+            s.show(id);
+        }
+    }
+    if t.waiting.is_empty() {
+        t.gap_since = None;
     }
 }
 
