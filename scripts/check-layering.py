@@ -31,6 +31,7 @@ LAYERS = {
     "gateway": [
         ["tls", "mailbox", "budget", "watchers"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status", "starts"],
+        ["ingress_writer"],
         ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "typing", "roster"],
         ["session", "liveness", "notices"],
         ["state"],

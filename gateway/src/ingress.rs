@@ -1,5 +1,6 @@
-//! The way into the workers: a send, a read receipt or a timeline change is appended
-//! to its conversation's ingress stream, and its answer awaited on this node's channel. The
+//! The way into the workers: a send, a read receipt or a timeline change is queued for
+//! the node's ingress writer, which appends it to its conversation's ingress stream
+//! (`crate::ingress_writer`), and its answer awaited on this node's channel. The
 //! worker answers only after COMMIT; without an answer in time the caller hears
 //! `unavailable` and resends with the same `cmid` (it gets the first commit back with
 //! `dup: true`).
@@ -7,23 +8,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::prelude::*;
 use herald_shared::auth::{is_valid_ident, Claims};
 use herald_shared::error::ErrorCode;
-use herald_shared::keys::{shard_of, Keys};
-use herald_shared::protocol::{
-    IngressEntry, ReadEntry, SendOutcome, SendResult, TimelineEntry, TimelineOp, MAX_CMID_LEN,
-};
+use herald_shared::keys::shard_of;
+use herald_shared::protocol::pack::PackedSend;
+use herald_shared::protocol::{Echo, ReadEntry, SendOutcome, SendResult, TimelineEntry, TimelineOp, MAX_CMID_LEN};
 use serde_json::value::RawValue;
 
 use crate::error::{ApiError, ApiResult};
+use crate::ingress_writer::{IngressQueue, Request};
 use crate::waiters::{SendWaiters, Waiter};
 
-/// Appends requests to the ingress streams and waits for their answers.
+/// Queues requests for the ingress streams and waits for their answers.
 #[derive(Clone, Debug)]
 pub struct Ingress {
-    pub redis: Pool,
-    pub keys: Keys,
+    pub queue: IngressQueue,
     pub waiters: Arc<SendWaiters>,
     /// This node: where answers come back.
     pub node_id: String,
@@ -55,30 +54,27 @@ impl Ingress {
         check_send(cmid, conv, body, self.max_body_bytes)
     }
 
-    /// Appends the send to its ingress stream. Sends of one session are enqueued in the
+    /// Queues the send for its ingress stream. Sends of one session are queued in the
     /// order they arrived, which is the order their `seq` follows.
-    pub async fn enqueue_send(&self, c: &Claims, cmid: String, conv: String, body: String) -> ApiResult<Waiter> {
+    pub fn enqueue_send(&self, c: &Claims, cmid: String, conv: String, body: Box<RawValue>) -> ApiResult<Waiter> {
         let shard = shard_of(&c.tid, &conv, self.shards);
-        let mut entry = IngressEntry {
+        let echo = Echo { tenant: c.tid.clone(), user: c.sub.clone(), conv: conv.clone(), cmid: Some(cmid.clone()) };
+        let waiter = self.waiters.register(echo);
+        let send = PackedSend {
             tenant: c.tid.clone(),
             user: c.sub.clone(),
             device: c.dev.clone(),
             cmid,
             conv,
+            rid: waiter.rid,
             body,
-            node: self.node_id.clone(),
-            rid: 0,
         };
-        let waiter = self.waiters.register(entry.echo());
-        entry.rid = waiter.rid;
-        // No MAXLEN: an entry leaves the stream only when a worker has committed it (XDEL
-        // after XACK), so a long worker outage cannot trim away accepted sends.
-        let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+        self.queue.push(shard, Request::Send(send))?;
         Ok(waiter)
     }
 
-    /// Appends a read receipt to the conversation's ingress stream (after its sends).
-    pub async fn enqueue_read(&self, c: &Claims, conv: String, seq: u64) -> ApiResult<Waiter> {
+    /// Queues a read receipt for the conversation's ingress stream (after its sends).
+    pub fn enqueue_read(&self, c: &Claims, conv: String, seq: u64) -> ApiResult<Waiter> {
         if !is_valid_ident(&conv) {
             return Err(ApiError::bad_request("conv must be 1..64 printable ASCII characters"));
         }
@@ -94,7 +90,7 @@ impl Ingress {
         };
         let waiter = self.waiters.register(entry.echo());
         entry.rid = waiter.rid;
-        let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+        self.queue.push(shard, Request::Entry { fields: entry.to_fields(), rid: waiter.rid })?;
         Ok(waiter)
     }
 
@@ -126,7 +122,7 @@ impl Ingress {
         };
         let waiter = self.waiters.register(entry.echo());
         entry.rid = waiter.rid;
-        let _: String = self.redis.xadd(self.keys.ingress(shard), false, None, "*", entry.to_fields()).await?;
+        self.queue.push(shard, Request::Entry { fields: entry.to_fields(), rid: waiter.rid })?;
         let Some(answer) = self.answer(waiter).await else {
             metrics::counter!("herald_send_timeouts_total", "transport" => "timeline").increment(1);
             return Err(not_confirmed());
@@ -137,9 +133,9 @@ impl Ingress {
         }
     }
 
-    /// Appends and waits for the committed answer (`POST /v1/messages`).
-    pub async fn send(&self, c: &Claims, cmid: String, conv: String, body: String) -> ApiResult<SendResult> {
-        let waiter = self.enqueue_send(c, cmid, conv, body).await?;
+    /// Queues and waits for the committed answer (`POST /v1/messages`).
+    pub async fn send(&self, c: &Claims, cmid: String, conv: String, body: Box<RawValue>) -> ApiResult<SendResult> {
+        let waiter = self.enqueue_send(c, cmid, conv, body)?;
         self.committed(waiter, "http").await
     }
 

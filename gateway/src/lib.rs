@@ -11,7 +11,7 @@
 //!   [`acks`] (acks left over by ended sessions, retried); [`watchers`] (who follows
 //!   whose presence here) sits with the mailbox.
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
-//!   streams), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
+//!   streams, through the node's [`ingress_writer`]), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
 //!   [`watermarks`] (their flusher), [`delivered`] (delivered positions' flusher),
 //!   [`notices`] (the node and presence channels), [`typing`] (typing indicators
 //!   relayed), [`roster`] (presence announced and read). [`status`] (a message's status per recipient)
@@ -30,6 +30,7 @@ pub mod epoch;
 pub mod error;
 pub mod history;
 pub mod ingress;
+pub mod ingress_writer;
 pub mod limits;
 pub mod listener;
 pub mod liveness;
@@ -138,9 +139,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         settle_ms: cfg.delivery.sync_settle_ms,
     };
     let g = &cfg.gateway;
+    let (ingress_queue, ingress_writer) =
+        ingress_writer::channel(redis.clone(), keys.clone(), waiters.clone(), cfg.node_id.clone(), g.ingress_pack_max);
     let ingress = Ingress {
-        redis: redis.clone(),
-        keys: keys.clone(),
+        queue: ingress_queue,
         waiters: waiters.clone(),
         node_id: cfg.node_id.clone(),
         shards: cfg.ingress.shards,
@@ -221,6 +223,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.spawn_supervised("device_registrar", Criticality::Critical, move |c| registry.clone().run(c));
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
     process.spawn_supervised("ack_retrier", Criticality::Background, move |c| ack_retrier.clone().run(c));
+    process.spawn_supervised("ingress_writer", Criticality::Critical, move |c| ingress_writer.clone().run(c));
     let delivered_flusher = delivered_flusher.clone();
     process.spawn_supervised("delivered_flusher", Criticality::Background, move |c| delivered_flusher.clone().run(c));
     let budget = budget::BudgetController::new(g, limits.backlog.clone(), limits.realtime.clone());

@@ -195,6 +195,13 @@ impl Keys {
         format!("{}:workers", self.prefix)
     }
 
+    /// ZSET worker node -> last heartbeat (ms) of the workers that read packed sends
+    /// (`k=sends`): gateways pack only while every live worker is in it, so a rolling
+    /// upgrade or a rollback never hands a pack to a worker that would drop it.
+    pub fn packing_workers(&self) -> String {
+        format!("{}:workers:packs", self.prefix)
+    }
+
     pub fn epoch(&self) -> String {
         format!("{}:epoch", self.prefix)
     }

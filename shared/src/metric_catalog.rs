@@ -93,6 +93,18 @@ pub const METRICS: &[Metric] = &[
     ),
     counter("herald_acks_total", "Message ids acknowledged by devices."),
     counter("herald_acks_dropped_total", "Leftover acks of ended sessions dropped because their queue was full."),
+    histogram(
+        "herald_ingress_write_requests",
+        "Requests (sends, reads, timeline changes) a gateway's ingress writer appended in one write.",
+    ),
+    gauge(
+        "herald_ingress_packing",
+        "1 while the gateway packs sends (every live worker reads packs), 0 while it writes an entry per send.",
+    ),
+    counter(
+        "herald_ingress_queue_full_total",
+        "Requests answered unavailable because the gateway's ingress writer queue was full.",
+    ),
     counter(
         "herald_delivered_positions_reported_total",
         "Delivered positions (user, conversation) written into the ingress streams by the gateway.",

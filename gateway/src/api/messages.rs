@@ -43,7 +43,7 @@ pub async fn read(
 ) -> ApiResult<Json<serde_json::Value>> {
     let req: ReadRequest = parse_json(&body)?;
     state.limits.http_request(&DeviceKey::of(&c), "read").map_err(ApiError::rate_limited)?;
-    let waiter = state.ingress.enqueue_read(&c, conv, req.seq).await?;
+    let waiter = state.ingress.enqueue_read(&c, conv, req.seq)?;
     match state.ingress.outcome(waiter).await? {
         SendOutcome::Read { conv, read_seq } => Ok(Json(serde_json::json!({"conv": conv, "read_seq": read_seq}))),
         _ => Err(ApiError::new(ErrorCode::Internal, "unexpected answer")),
@@ -63,7 +63,7 @@ pub async fn send(State(state): State<AppState>, Caller(c): Caller, body: Bytes)
         metrics::counter!("herald_rate_limited_total", "what" => "tenant_send").increment(1);
         return Err(ApiError::rate_limited(wait));
     }
-    let result = state.ingress.send(&c, req.cmid, req.conv, req.body.get().to_owned()).await?;
+    let result = state.ingress.send(&c, req.cmid, req.conv, req.body).await?;
     metrics::histogram!("herald_send_ack_seconds", "transport" => "http").record(started.elapsed().as_secs_f64());
     Ok(Json(result))
 }

@@ -90,7 +90,7 @@ where
         }
         let started = std::time::Instant::now();
         // Enqueued here, in arrival order; the commit is awaited in a task.
-        match ingress.enqueue_send(&self.claims, s.cmid.clone(), s.conv, s.body.get().to_owned()).await {
+        match ingress.enqueue_send(&self.claims, s.cmid.clone(), s.conv, s.body) {
             Err(e) => {
                 self.send_frame(error_of(e, Some(s.cmid))).await;
             }
@@ -150,7 +150,7 @@ where
             return flow;
         }
         let ingress = self.env.ingress.clone();
-        match ingress.enqueue_read(&self.claims, r.conv, r.seq).await {
+        match ingress.enqueue_read(&self.claims, r.conv, r.seq) {
             Err(e) => {
                 self.send_frame(error_of(e, None)).await;
             }

@@ -116,6 +116,10 @@ async fn fixture(device: &str) -> Fixture {
     let (marks, _flusher) = crate::watermarks::channel(db.clone());
     let (leftover_acks, _retrier) = crate::acks::channel(pool.clone());
     let (delivered, _delivered_flusher) = crate::delivered::channel(pool.clone(), keys.clone(), 8);
+    let waiters = Arc::new(crate::waiters::SendWaiters::default());
+    let (queue, writer) =
+        crate::ingress_writer::channel(pool.clone(), keys.clone(), waiters.clone(), cfg.node_id.clone(), 256);
+    tokio::spawn(writer.run(CancellationToken::new()));
     let roster = crate::roster::Roster {
         db: db.clone(),
         redis: pool.clone(),
@@ -146,9 +150,8 @@ async fn fixture(device: &str) -> Fixture {
             settle_ms: 5_000,
         },
         ingress: Ingress {
-            redis: pool.clone(),
-            keys: keys.clone(),
-            waiters: Arc::default(),
+            queue,
+            waiters,
             node_id: cfg.node_id.clone(),
             shards: 1,
             send_timeout: Duration::from_secs(1),

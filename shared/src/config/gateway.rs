@@ -23,6 +23,13 @@ section! {
         pub send_timeout_ms: u64 = "5000",
         /// Largest serialized message body accepted, in bytes.
         pub max_body_bytes: usize = "32768",
+        /// Most sends of one ingress shard packed into one stream entry per write.
+        ///
+        /// The node's ingress writer appends what arrived during its previous write, a
+        /// shard's sends as one entry, while every live worker reads packs (an older
+        /// worker during a rolling upgrade does not: then each send is an entry of its
+        /// own). 1 never packs.
+        pub ingress_pack_max: usize = "256",
         /// Refuse to start when Redis may evict keys (pending sets must not vanish).
         ///
         /// The check reads `maxmemory-policy` with `CONFIG GET`; turned off, the gateway
@@ -258,6 +265,9 @@ impl GatewayConfig {
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > 1 << 20 {
             bad.push("gateway.max_body_bytes", "must be 1..=1048576");
+        }
+        if self.ingress_pack_max == 0 || self.ingress_pack_max > 4_096 {
+            bad.push("gateway.ingress_pack_max", "must be 1..=4096");
         }
         if self.heartbeat_ms < 100 || self.heartbeat_ms >= self.nat_idle_timeout_ms {
             bad.push("gateway.heartbeat_ms", "must be at least 100 and below gateway.nat_idle_timeout_ms");

@@ -116,3 +116,15 @@ fn the_group_size_is_bounded_by_what_its_largest_event_needs() {
     assert!(cfg.gateway.largest_members_body_bytes() >= 2 * ids);
     assert!(cfg.gateway.largest_frame_bytes() >= cfg.gateway.history_page_bytes + ids);
 }
+
+#[test]
+fn the_ingress_pack_bound_is_validated() {
+    for bad in ["0", "4097"] {
+        let e = env(&[SECRET, ("HERALD_GATEWAY__INGRESS_PACK_MAX", bad)]);
+        let err = load(Role::Gateway, &[], &e).unwrap_err().to_string();
+        assert!(err.contains("gateway.ingress_pack_max: must be 1..=4096"), "{bad}: {err}");
+    }
+    let e = env(&[SECRET, ("HERALD_GATEWAY__INGRESS_PACK_MAX", "1")]);
+    assert_eq!(load(Role::Gateway, &[], &e).unwrap().0.gateway.ingress_pack_max, 1);
+    assert_eq!(super::GatewayConfig::default().ingress_pack_max, 256);
+}

@@ -14,6 +14,7 @@ pub mod close;
 pub mod digest;
 pub mod ephemeral;
 pub mod node;
+pub mod pack;
 pub mod schema;
 pub mod server;
 pub mod timeline;

@@ -157,6 +157,8 @@ pub enum IngressRequest {
     /// the sends around it. A worker older than timeline events drops it as malformed
     /// (its sender hears `unavailable`): upgrade workers first.
     Timeline(TimelineEntry),
+    /// Sends packed into one entry (`k=sends`: [`super::pack`]), in their order.
+    Sends(Vec<IngressEntry>),
 }
 
 impl IngressRequest {
@@ -167,6 +169,7 @@ impl IngressRequest {
             Some("dlv") => DeliveredEntry::from_fields(f).map(|e| IngressRequest::Delivered(vec![e])),
             Some("dlvs") => DeliveredEntry::batch_from_fields(f).map(IngressRequest::Delivered),
             Some("tl") => TimelineEntry::from_fields(f).map(IngressRequest::Timeline),
+            Some(super::pack::KIND) => super::pack::from_fields(f).map(IngressRequest::Sends),
             Some(_) => None,
         }
     }

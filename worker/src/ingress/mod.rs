@@ -84,6 +84,7 @@ impl ShardBalancer {
         futures::future::join_all(owned.into_iter().map(|(shard, o)| o.stop(shard, &self.shared.redis))).await;
         let redis = &self.shared.redis;
         let _: Result<i64, _> = redis.zrem(self.shared.keys.workers(), self.shared.cfg.node_id.as_str()).await;
+        let _: Result<i64, _> = redis.zrem(self.shared.keys.packing_workers(), self.shared.cfg.node_id.as_str()).await;
         self.shared.ids.release(redis).await;
     }
 
@@ -131,6 +132,11 @@ impl ShardBalancer {
         s.ids.maintain(&s.redis, &s.keys, ttl).await?;
 
         let now = now_ms() as f64;
+        // This worker reads packed sends: gateways pack while every live worker says so
+        // (said before it counts as live, so no gateway sees it live and not packing).
+        let packs = s.keys.packing_workers();
+        let _: i64 = s.redis.zadd(&packs, None, None, false, false, (now, s.cfg.node_id.as_str())).await?;
+        let _: i64 = s.redis.zremrangebyscore(&packs, f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;
         let _: i64 = s.redis.zadd(s.keys.workers(), None, None, false, false, (now, s.cfg.node_id.as_str())).await?;
         let _: i64 =
             s.redis.zremrangebyscore(s.keys.workers(), f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;

@@ -1,6 +1,7 @@
 //! One ingress stream's consumer ([`IngressShard`]): it takes over what a previous
 //! owner left pending, then reads batches and commits each in stream order: runs of
-//! sends through the group committer, timeline changes one by one, then the batch's
+//! sends (single entries and gateways' packs of sends, unpacked in order) through the
+//! group committer, timeline changes one by one, then the batch's
 //! delivered positions; its read receipts go to the shard's read lane (`read_lane`),
 //! so that no flood of reads holds up the next batch. Committed entries leave the
 //! stream.
@@ -47,6 +48,22 @@ pub struct IngressShard {
 enum Step {
     Sends(Vec<IngressEntry>, Vec<String>),
     Timeline(Box<TimelineEntry>, String),
+}
+
+/// Adds an entry's sends (one, or a gateway's pack) to the batch's steps: to the run of
+/// sends before them, in runs of at most `batch_max` sends (one commit request each).
+/// The entry is acknowledged with the run that holds its last send, so only once all of
+/// them are answered.
+fn add_sends(steps: &mut Vec<Step>, sends: Vec<IngressEntry>, xid: &str, batch_max: usize) {
+    for e in sends {
+        match steps.last_mut() {
+            Some(Step::Sends(run, _)) if run.len() < batch_max.max(1) => run.push(e),
+            _ => steps.push(Step::Sends(vec![e], Vec::new())),
+        }
+    }
+    if let Some(Step::Sends(_, ids)) = steps.last_mut() {
+        ids.push(xid.to_owned());
+    }
 }
 
 impl IngressShard {
@@ -171,6 +188,7 @@ impl IngressShard {
         let mut steps: Vec<Step> = Vec::new();
         let (mut reads, mut read_xids) = (Vec::new(), Vec::new());
         let mut delivered = Vec::new();
+        let batch_max = s.cfg.worker.batch_max;
         let now = now_ms();
         for (xid, fields) in &entries {
             // Stream ids start with the XADD time in ms: how long the request waited.
@@ -178,13 +196,8 @@ impl IngressShard {
                 metrics::histogram!("herald_ingress_lag_seconds").record(now.saturating_sub(added) as f64 / 1000.0);
             }
             match IngressRequest::from_fields(fields) {
-                Some(IngressRequest::Send(e)) => match steps.last_mut() {
-                    Some(Step::Sends(sends, ids)) => {
-                        sends.push(e);
-                        ids.push(xid.clone());
-                    }
-                    _ => steps.push(Step::Sends(vec![e], vec![xid.clone()])),
-                },
+                Some(IngressRequest::Send(e)) => add_sends(&mut steps, vec![e], xid, batch_max),
+                Some(IngressRequest::Sends(pack)) => add_sends(&mut steps, pack, xid, batch_max),
                 Some(IngressRequest::Timeline(t)) => steps.push(Step::Timeline(Box::new(t), xid.clone())),
                 Some(IngressRequest::Read(r)) => {
                     reads.push(r);
@@ -279,5 +292,47 @@ impl IngressShard {
         let _: () = pipe.xdel(&self.key, xids).await?;
         let _: Vec<Value> = pipe.all().await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(cmid: &str) -> IngressEntry {
+        IngressEntry {
+            tenant: "t".into(),
+            user: "u".into(),
+            device: "d".into(),
+            cmid: cmid.into(),
+            conv: "c".into(),
+            body: "1".into(),
+            node: "gw".into(),
+            rid: 1,
+        }
+    }
+
+    #[test]
+    fn a_pack_joins_the_run_before_it_in_runs_of_a_batch_and_is_acknowledged_with_its_last_send() {
+        let mut steps = Vec::new();
+        add_sends(&mut steps, vec![send("a")], "1-0", 3);
+        add_sends(&mut steps, ["b", "c", "d", "e", "f"].map(send).into(), "2-0", 3);
+        add_sends(&mut steps, vec![send("g")], "3-0", 3);
+        let shape: Vec<(Vec<String>, Vec<String>)> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Sends(run, ids) => (run.iter().map(|e| e.cmid.clone()).collect(), ids.clone()),
+                Step::Timeline(..) => panic!("no timeline here"),
+            })
+            .collect();
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            shape,
+            vec![
+                (strings(&["a", "b", "c"]), strings(&["1-0"])),
+                (strings(&["d", "e", "f"]), strings(&["2-0"])),
+                (strings(&["g"]), strings(&["3-0"])),
+            ]
+        );
     }
 }

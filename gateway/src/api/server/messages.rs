@@ -63,7 +63,7 @@ pub async fn send(State(state): State<AppState>, service: Service, body: Bytes) 
         metrics::counter!("herald_rate_limited_total", "what" => "tenant_send").increment(1);
         return Err(ApiError::rate_limited(wait));
     }
-    let waiter = state.ingress.enqueue_send(&claims, req.idempotency_key, req.conv, req.body.get().to_owned()).await?;
+    let waiter = state.ingress.enqueue_send(&claims, req.idempotency_key, req.conv, req.body)?;
     let result = state.ingress.committed(waiter, "server").await?;
     metrics::histogram!("herald_send_ack_seconds", "transport" => "server").record(started.elapsed().as_secs_f64());
     Ok(Json(result))

@@ -1,0 +1,112 @@
+//! Sends packed per gateway write (`k=sends`): a session's burst shares stream entries
+//! and still commits in send order, each send answered; and while a worker older than
+//! packs is live, every send goes as an entry of its own, which such a worker reads.
+
+use std::time::Duration;
+
+use fred::prelude::*;
+use herald_shared::ids::now_ms;
+use herald_tests::drill::metric;
+use herald_tests::{eventually, AutoDevice, Cluster};
+use serde_json::json;
+
+/// Entries ever added to the (only) ingress stream: committed entries leave it, so its
+/// length says nothing after the fact, but this counter keeps every one.
+async fn entries_added(redis: &Client, key: &str) -> u64 {
+    let info: Vec<Value> = redis.xinfo_stream(key, false, None).await.expect("the stream exists");
+    let mut fields = info.into_iter();
+    while let Some(name) = fields.next() {
+        let value = fields.next();
+        if name.as_str().as_deref() == Some("entries-added") {
+            return value.and_then(|v| v.as_u64()).expect("a count");
+        }
+    }
+    panic!("XINFO STREAM without entries-added (Redis 7 has it)");
+}
+
+/// Sends `n` in a row on one session without waiting, then waits for every answer:
+/// their seqs, in send order.
+async fn burst(dev: &AutoDevice, tag: &str, n: usize) -> Vec<u64> {
+    for k in 0..n {
+        dev.send(&format!("{tag}{k}"), "ab", json!({ "k": k })).await;
+    }
+    eventually(Duration::from_secs(30), "every send answered", || async {
+        let sent = dev.sent.lock().unwrap();
+        (0..n).map(|k| sent.get(&format!("{tag}{k}")).map(|s| s.1)).collect::<Option<Vec<u64>>>()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_sends_shares_stream_entries_and_commits_in_send_order() {
+    let mut c = Cluster::new("packs");
+    c.set("HERALD_INGRESS__SHARDS", "1");
+    // A burst well past a device's default send limit.
+    c.set("HERALD_GATEWAY__SEND_RATE", "10000").set("HERALD_GATEWAY__SEND_BURST", "10000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    eventually(Duration::from_secs(20), "the gateway packs", || async {
+        (metric(&c.gateways[0].admin_url(), "herald_ingress_packing").await == 1.0).then_some(())
+    })
+    .await;
+    let redis = c.redis().await;
+    let stream = c.keys().ingress(0);
+    let dev = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("alice", "a1"), "alice", "a1").await;
+    dev.send("first", "ab", json!("first")).await;
+    eventually(Duration::from_secs(20), "the first send answered", || async {
+        dev.sent.lock().unwrap().contains_key("first").then_some(())
+    })
+    .await;
+    let before = entries_added(&redis, &stream).await;
+
+    let seqs = burst(&dev, "m", 300).await;
+    assert_eq!(seqs, (2..=301).collect::<Vec<u64>>(), "committed in send order, gap-free");
+    let added = entries_added(&redis, &stream).await - before;
+    assert!(added < 300, "300 sends took {added} stream entries: they were not packed");
+    let again = alice.send("m7", "ab", &json!({ "k": 7 })).await.unwrap();
+    assert!(again.dup && again.seq == 9, "a resent cmid of a pack answers its first commit: {again:?}");
+    dev.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_worker_older_than_packs_is_live_every_send_is_an_entry_of_its_own() {
+    let mut c = Cluster::new("nopacks");
+    // One shard: the stand-in of the older worker claims half the shards' fair share,
+    // which with one shard leaves the real worker its shard.
+    c.set("HERALD_INGRESS__SHARDS", "1");
+    c.set("HERALD_GATEWAY__SEND_RATE", "10000").set("HERALD_GATEWAY__SEND_BURST", "10000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let redis = c.redis().await;
+    let keys = c.keys();
+    // A live worker that never said it reads packs: an older release.
+    let _: i64 = redis.zadd(keys.workers(), None, None, false, false, (now_ms() as f64, "wk-older")).await.unwrap();
+    let gw = c.gateways[0].admin_url();
+    eventually(Duration::from_secs(20), "the gateway stops packing", || async {
+        (metric(&gw, "herald_ingress_packing").await == 0.0).then_some(())
+    })
+    .await;
+    let dev = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("alice", "a1"), "alice", "a1").await;
+    let stream = keys.ingress(0);
+    dev.send("first", "ab", json!("first")).await;
+    eventually(Duration::from_secs(20), "the first send answered", || async {
+        dev.sent.lock().unwrap().contains_key("first").then_some(())
+    })
+    .await;
+    let before = entries_added(&redis, &stream).await;
+    let seqs = burst(&dev, "m", 100).await;
+    assert_eq!(seqs, (2..=101).collect::<Vec<u64>>());
+    assert_eq!(entries_added(&redis, &stream).await - before, 100, "an entry per send, the format every worker reads");
+
+    // The older worker gone, packing resumes.
+    let _: i64 = redis.zrem(keys.workers(), "wk-older").await.unwrap();
+    eventually(Duration::from_secs(20), "the gateway packs again", || async {
+        (metric(&gw, "herald_ingress_packing").await == 1.0).then_some(())
+    })
+    .await;
+    dev.stop().await;
+}
