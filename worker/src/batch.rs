@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use herald_shared::ids::{now_ms, MsgId};
-use herald_shared::protocol::{msg_frame, Message, TimelineEvent};
+use herald_shared::protocol::{msg_frame_raw, Message, TimelineEvent};
 use serde_json::value::RawValue;
 use sqlx::{MySql, QueryBuilder};
 
@@ -28,8 +28,8 @@ pub struct Committed {
 impl Committed {
     /// The `msg` frame, serialized once for every recipient; `None` when the stored
     /// body is not JSON.
-    pub fn frame(&self) -> Option<String> {
-        Some(msg_frame(&Message {
+    pub fn frame(&self) -> Option<Box<RawValue>> {
+        Some(msg_frame_raw(Message {
             id: self.id,
             conv: self.conv.clone(),
             seq: self.seq,

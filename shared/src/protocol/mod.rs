@@ -108,6 +108,12 @@ pub fn msg_frame(m: &Message) -> String {
     ServerFrame::Msg(m.clone()).to_json()
 }
 
+/// The `msg` frame of a message given up for it: no copy of the message, and the
+/// frame kept as JSON text that is not parsed again (`to_raw_value` wraps what it wrote).
+pub fn msg_frame_raw(m: Message) -> Box<RawValue> {
+    serde_json::value::to_raw_value(&ServerFrame::Msg(m)).expect("server frames serialize")
+}
+
 /// A conversation's kind (docs/protocol.md section 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -32,11 +32,19 @@ impl Script {
         self
     }
 
-    /// A string literal.
+    /// A string literal. Hex digits through a table, a chunk at a time: formatting each
+    /// byte (`{:02x}`) was a twentieth of the worker's CPU under load.
     pub fn str(&mut self, s: &str) -> &mut Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        self.sql.reserve(s.len() * 2 + 12);
         self.sql.push_str("_utf8mb4 X'");
-        for b in s.as_bytes() {
-            let _ = write!(self.sql, "{b:02x}");
+        let mut buf = [0u8; 128];
+        for chunk in s.as_bytes().chunks(buf.len() / 2) {
+            for (i, b) in chunk.iter().enumerate() {
+                buf[2 * i] = DIGITS[usize::from(b >> 4)];
+                buf[2 * i + 1] = DIGITS[usize::from(b & 15)];
+            }
+            self.sql.push_str(std::str::from_utf8(&buf[..2 * chunk.len()]).expect("hex digits are ASCII"));
         }
         self.sql.push('\'');
         self
@@ -107,6 +115,15 @@ mod tests {
         let mut s = Script::default();
         s.str("a'b\\").push(", ").str("").push(", ").int(7u64).push(", ").int(-1i64);
         assert_eq!(s.as_str(), "_utf8mb4 X'6127625c', _utf8mb4 X'', 7, -1");
+    }
+
+    #[test]
+    fn long_and_multibyte_strings_are_hex_of_every_byte() {
+        let text: String = "é'x".repeat(50);
+        let mut s = Script::default();
+        s.str(&text);
+        let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(s.as_str(), format!("_utf8mb4 X'{hex}'"));
     }
 
     #[test]

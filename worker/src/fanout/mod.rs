@@ -144,7 +144,7 @@ impl Fanout {
         if msgs.is_empty() {
             return Ok(());
         }
-        let mut frames: HashMap<MsgId, String> = HashMap::with_capacity(msgs.len());
+        let mut frames: HashMap<MsgId, Box<RawValue>> = HashMap::with_capacity(msgs.len());
         let mut plans: BTreeMap<(String, String), UserPlan> = BTreeMap::new();
         let mut push = Vec::new();
         for (group, recipients) in groups {
@@ -256,7 +256,7 @@ impl Fanout {
         &self,
         client: &Client,
         by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceKey>>>,
-        frames: &HashMap<MsgId, String>,
+        frames: &HashMap<MsgId, Box<RawValue>>,
         events: &[u64],
     ) -> Result<(), FanoutError> {
         let publishes = by_node.len();
@@ -267,8 +267,8 @@ impl Fanout {
         for (node, deliveries) in by_node {
             let mut env = NodeEnvelope::default();
             for (id, to) in deliveries {
-                let frame = RawValue::from_string(frames[&id].clone()).map_err(|_| FanoutError::Corrupt(id))?;
-                env.deliver.push(Delivery { id, frame, to });
+                // A copy, not parsed again: the frame was checked once, when it was made.
+                env.deliver.push(Delivery { id, frame: frames[&id].clone(), to });
             }
             let payload = serde_json::to_string(&env).expect("envelope serializes");
             herald_shared::redis::publish_to_node(&pipe, self.keys.node_channel(&node), payload).await?;

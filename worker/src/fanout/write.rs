@@ -9,6 +9,7 @@ use herald_shared::ids::MsgId;
 use herald_shared::keys::PresenceValue;
 use herald_shared::protocol::TimelineEvent;
 use herald_shared::scripts;
+use serde_json::value::RawValue;
 
 use super::calls::calls;
 use super::{Fanout, UserPlan};
@@ -33,7 +34,7 @@ impl Fanout {
         &self,
         client: &Client,
         msgs: &[&Committed],
-        frames: &HashMap<MsgId, String>,
+        frames: &HashMap<MsgId, Box<RawValue>>,
         plans: &BTreeMap<(String, String), UserPlan>,
     ) -> Result<Vec<Vec<Written>>, fred::error::Error> {
         let pipe = client.pipeline();
@@ -45,7 +46,7 @@ impl Fanout {
             let _: () = pipe
                 .set(
                     self.keys.message(m.id),
-                    frames[&m.id].as_str(),
+                    frames[&m.id].get(),
                     Some(Expiration::EX(self.message_ttl_s)),
                     None,
                     false,
