@@ -84,6 +84,8 @@ use status::{DeliveredMarks, StatusThrottle};
 #[derive(Clone, Debug)]
 pub struct SessionEnv {
     pub cfg: Arc<Config>,
+    /// Tokens' keys and revocations (`refresh`).
+    pub identity: Arc<crate::identity::Identity>,
     /// Devices registered in MySQL (a device found logged out at its start is
     /// registered again).
     pub devices: DeviceRegistry,
@@ -398,6 +400,7 @@ where
     async fn on_control(&mut self, c: Control) -> Flow {
         match c {
             Control::Replaced => ControlFlow::Break(End::Close(CloseCode::Replaced, REPLACED)),
+            Control::Revoked(not_before) => self.on_revoked(not_before),
             Control::Read(position) => {
                 self.show_read(position).await;
                 self.ping().await;

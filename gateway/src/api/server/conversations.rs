@@ -36,7 +36,8 @@ pub async fn create(
 fn actor(service: &Service) -> Actor {
     let s = &service.0;
     let name = s.sender_device();
-    let claims = Claims { tid: s.tid.clone(), sub: name.clone(), dev: name, plat: Platform::Server, exp: s.exp };
+    let claims =
+        Claims { tid: s.tid.clone(), sub: name.clone(), dev: name, plat: Platform::Server, exp: s.exp, iat: None };
     Actor { claims, by_service: true }
 }
 

@@ -1,0 +1,81 @@
+//! Who is calling: a token checked against the node's key set (reloaded in the
+//! background, [`KeyRefresher`]) and against the revocations of its user and device
+//! ([`Revocations`]). Every path that takes a token goes through [`Identity`]: the
+//! HTTP extractors, the WebSocket upgrade and `auth` frame, and `refresh`.
+//!
+//! # Layout
+//! - this module: [`Identity`], the current key set and the two checks.
+//! - `key_refresher`: builds the key set from `jwt_secret`, `service_secret` and the
+//!   trust file with its JWKS files and URLs; reloads it, keeping the last good keys.
+//! - `revocations`: per-user and per-device `not_before`, kept in Redis and announced
+//!   to every gateway.
+
+mod key_refresher;
+mod revocations;
+
+use std::sync::{Arc, RwLock};
+
+use herald_shared::auth::{device_claims, AuthError, Claims};
+use herald_shared::identity::{KeySet, TokenKind};
+use herald_shared::ids::now_ms;
+use herald_shared::service_token::{service_claims, ServiceClaims};
+
+pub use key_refresher::KeyRefresher;
+pub use revocations::{RevocationError, Revocations};
+
+#[derive(Debug)]
+pub struct Identity {
+    keys: RwLock<Arc<KeySet>>,
+    pub revocations: Revocations,
+}
+
+impl Identity {
+    pub fn new(keys: KeySet, revocations: Revocations) -> Identity {
+        Identity { keys: RwLock::new(Arc::new(keys)), revocations }
+    }
+
+    /// The key set tokens are checked against now.
+    pub fn keys(&self) -> Arc<KeySet> {
+        self.keys.read().expect("key set").clone()
+    }
+
+    /// Replaces the key set: tokens are checked against the new one from now on;
+    /// sessions already open stay (their tokens were valid when they opened).
+    pub fn replace(&self, keys: KeySet) {
+        *self.keys.write().expect("key set") = Arc::new(keys);
+    }
+
+    /// A device token's claims, if a trusted key signed it for its tenant and its user
+    /// or device has not revoked it. A Redis failure while looking up revocations is
+    /// an error too (`Err(None)` from [`Revocations`] maps to unavailable upstream).
+    pub async fn device(&self, token: &str) -> Result<Claims, DeviceRefusal> {
+        let verified = self.keys().verify_at(token, TokenKind::Device, now_ms() / 1000)?;
+        let claims = device_claims(verified)?;
+        match self.revocations.not_before(&claims.tid, &claims.sub, &claims.dev).await {
+            Ok(Some(nbf)) if claims.iat.is_none_or(|iat| iat < nbf) => Err(AuthError::Revoked.into()),
+            Ok(_) => Ok(claims),
+            Err(e) => Err(DeviceRefusal::Unavailable(e)),
+        }
+    }
+
+    /// A service token's claims, if a trusted key signed it for its tenant.
+    pub fn service(&self, token: &str) -> Result<ServiceClaims, AuthError> {
+        service_claims(self.keys().verify_at(token, TokenKind::Service, now_ms() / 1000)?)
+    }
+
+    /// Whether any key verifies service tokens (else the server API is off).
+    pub fn serves_services(&self) -> bool {
+        self.keys().has(TokenKind::Service)
+    }
+}
+
+/// Why a device token was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceRefusal {
+    /// The token is refused: 401, or close 4001.
+    #[error(transparent)]
+    Token(#[from] AuthError),
+    /// Its revocations could not be read: retry.
+    #[error(transparent)]
+    Unavailable(RevocationError),
+}
