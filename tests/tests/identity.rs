@@ -3,6 +3,8 @@
 //! files and URLs, `iss` and `aud`), and the server API's disconnect and revoke.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -147,7 +149,7 @@ async fn an_rs256_token_from_a_jwks_file_opens_a_session() {
 async fn jwks_from_a_url_are_refreshed_and_kept_when_the_url_fails() {
     let mut c = Cluster::new("id-jwks-url");
     let jwks = std::fs::read_to_string(fixture("rsa-test.jwks.json")).unwrap();
-    let (url, fetches, up) = serve_jwks(jwks).await;
+    let (url, fetches, up, _) = serve_jwks(jwks).await;
     let trust = trust_dir(&c).join("trust.json");
     write_trust(&trust, json!([{"tenants": ["acme"], "jwks_url": url}]));
     c.start_worker(&[]).await;
@@ -157,10 +159,10 @@ async fn jwks_from_a_url_are_refreshed_and_kept_when_the_url_fails() {
     let token = rs_token(&claims("acme", "alice", "phone", now()), json!({}));
     assert_eq!(status_of(&base, &token).await, 200);
     // The URL starts failing: refreshes go on failing, the keys stay.
-    up.store(false, std::sync::atomic::Ordering::SeqCst);
-    let failed_from = fetches.load(std::sync::atomic::Ordering::SeqCst);
+    up.store(false, Ordering::SeqCst);
+    let failed_from = fetches.load(Ordering::SeqCst);
     eventually(WAIT, "two failed refreshes", || {
-        let n = fetches.load(std::sync::atomic::Ordering::SeqCst);
+        let n = fetches.load(Ordering::SeqCst);
         async move { (n >= failed_from + 2).then_some(()) }
     })
     .await;
@@ -169,22 +171,21 @@ async fn jwks_from_a_url_are_refreshed_and_kept_when_the_url_fails() {
 
 /// A tiny HTTP server of one JWKS document: its URL, how often it was asked, and a
 /// switch that makes it answer 500.
-async fn serve_jwks(
-    body: String,
-) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+async fn serve_jwks(body: String) -> (String, Arc<AtomicUsize>, Arc<AtomicBool>, Arc<Mutex<String>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/keys", listener.local_addr().unwrap());
-    let fetches = std::sync::Arc::new(AtomicUsize::new(0));
-    let up = std::sync::Arc::new(AtomicBool::new(true));
-    let (f, u) = (fetches.clone(), up.clone());
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let up = Arc::new(AtomicBool::new(true));
+    let served = Arc::new(Mutex::new(body));
+    let (f, u, b) = (fetches.clone(), up.clone(), served.clone());
     tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else { return };
             let mut buf = [0u8; 4096];
             let _ = sock.read(&mut buf).await;
             f.fetch_add(1, Ordering::SeqCst);
+            let body = b.lock().unwrap().clone();
             let answer = if u.load(Ordering::SeqCst) {
                 format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -197,7 +198,33 @@ async fn serve_jwks(
             let _ = sock.shutdown().await;
         }
     });
-    (url, fetches, up)
+    (url, fetches, up, served)
+}
+
+/// An identity provider that starts signing with a new key: the first token naming it
+/// makes the gateways read the JWKS again at once, not at the next refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_naming_a_new_key_makes_the_jwks_be_read_again_early() {
+    let mut c = Cluster::new("id-jwks-new-key");
+    let (k1, k2) = ("first-idp-secret-0123456789", "second-idp-secret-012345678");
+    let set = |keys: Vec<Value>| json!({ "keys": keys }).to_string();
+    let (url, fetches, _, served) = serve_jwks(set(vec![hs_key("k1", k1)])).await;
+    let trust = trust_dir(&c).join("trust.json");
+    write_trust(&trust, json!([{"tenants": ["acme"], "jwks_url": url}]));
+    c.start_worker(&[]).await;
+    c.start_gateway(&[("HERALD_AUTH__TRUST_FILE", trust.to_str().unwrap())]).await;
+    let base = c.gateways[0].base_url();
+    assert_eq!(status_of(&base, &hs_token("k1", k1, &claims("acme", "a", "d", now()))).await, 200);
+    let before = fetches.load(Ordering::SeqCst);
+    *served.lock().unwrap() = set(vec![hs_key("k1", k1), hs_key("k2", k2)]);
+    let new = hs_token("k2", k2, &claims("acme", "a", "d", now()));
+    let b = base.clone();
+    eventually(WAIT, "the new key is fetched and trusted", || {
+        let (b, t) = (b.clone(), new.clone());
+        async move { (status_of(&b, &t).await == 200).then_some(()) }
+    })
+    .await;
+    assert_eq!(fetches.load(Ordering::SeqCst), before + 1, "one early read, not one per token");
 }
 
 /// Rotation of an HS256 key set without logging anyone out: the new key is added,

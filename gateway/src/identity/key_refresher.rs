@@ -21,6 +21,9 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_JWKS_BYTES: usize = 256 * 1024;
 /// How soon a URL whose keys were never fetched is tried again.
 const RETRY_MISSING: Duration = Duration::from_secs(5);
+/// Tokens naming unknown keys read the keys again early, at most this often (anyone
+/// can send such tokens).
+const EARLY_AT_MOST_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug)]
 pub struct KeyRefresher {
@@ -128,13 +131,23 @@ impl KeyRefresher {
             return cancel.cancelled().await;
         }
         let mut complete = true;
+        let mut last = tokio::time::Instant::now();
+        let mut last_early: Option<tokio::time::Instant> = None;
         loop {
             let wait = if complete { self.every } else { self.every.min(RETRY_MISSING) };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep_until(last + wait) => {}
+                _ = self.identity.unknown_key.notified() => {
+                    if last_early.is_some_and(|at| at.elapsed() < EARLY_AT_MOST_EVERY) {
+                        continue;
+                    }
+                    last_early = Some(tokio::time::Instant::now());
+                    tracing::info!("a token named an unknown key; reading the keys again");
+                }
             }
             complete = self.refresh().await;
+            last = tokio::time::Instant::now();
         }
     }
 }

@@ -27,11 +27,22 @@ pub use revocations::{RevocationError, Revocations};
 pub struct Identity {
     keys: RwLock<Arc<KeySet>>,
     pub revocations: Revocations,
+    /// Told when a token names a key nobody knows: an identity provider may have
+    /// rotated its keys, and the refresher reads them again early.
+    pub(crate) unknown_key: tokio::sync::Notify,
 }
 
 impl Identity {
     pub fn new(keys: KeySet, revocations: Revocations) -> Identity {
-        Identity { keys: RwLock::new(Arc::new(keys)), revocations }
+        Identity { keys: RwLock::new(Arc::new(keys)), revocations, unknown_key: tokio::sync::Notify::new() }
+    }
+
+    fn verify(&self, token: &str, kind: TokenKind) -> Result<herald_shared::identity::Verified, AuthError> {
+        let verified = self.keys().verify_at(token, kind, now_ms() / 1000);
+        if verified.as_ref().is_err_and(|e| *e == AuthError::UnknownKey) {
+            self.unknown_key.notify_one();
+        }
+        verified
     }
 
     /// The key set tokens are checked against now.
@@ -49,8 +60,7 @@ impl Identity {
     /// or device has not revoked it. A Redis failure while looking up revocations is
     /// an error too (`Err(None)` from [`Revocations`] maps to unavailable upstream).
     pub async fn device(&self, token: &str) -> Result<Claims, DeviceRefusal> {
-        let verified = self.keys().verify_at(token, TokenKind::Device, now_ms() / 1000)?;
-        let claims = device_claims(verified)?;
+        let claims = device_claims(self.verify(token, TokenKind::Device)?)?;
         match self.revocations.not_before(&claims.tid, &claims.sub, &claims.dev).await {
             Ok(Some(nbf)) if claims.iat.is_none_or(|iat| iat < nbf) => Err(AuthError::Revoked.into()),
             Ok(_) => Ok(claims),
@@ -60,7 +70,7 @@ impl Identity {
 
     /// A service token's claims, if a trusted key signed it for its tenant.
     pub fn service(&self, token: &str) -> Result<ServiceClaims, AuthError> {
-        service_claims(self.keys().verify_at(token, TokenKind::Service, now_ms() / 1000)?)
+        service_claims(self.verify(token, TokenKind::Service)?)
     }
 
     /// Whether any key verifies service tokens (else the server API is off).

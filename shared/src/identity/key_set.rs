@@ -191,11 +191,13 @@ impl KeySet {
         let Some(serde_json::Value::String(tid)) = common.tid else {
             return Err(AuthError::Claims("tid is required"));
         };
-        let candidates = self.candidates(&tid, kind, header.kid.as_deref());
+        let (candidates, kid_known) = self.candidates(&tid, kind, header.kid.as_deref());
         if candidates.is_empty() {
             return Err(AuthError::UnknownKey);
         }
-        let mut refusal = AuthError::Signature;
+        // A `kid` the tenant has no key of, which no key without `kid` verified either:
+        // the key is unknown (perhaps an identity provider's new one, not fetched yet).
+        let mut refusal = if kid_known { AuthError::Signature } else { AuthError::UnknownKey };
         for key in candidates {
             if key.alg != alg {
                 refusal = AuthError::Algorithm;
@@ -211,17 +213,18 @@ impl KeySet {
     }
 
     /// The keys that may have signed a token of `tid` and `kind` naming `kid`: those
-    /// with that `kid`, or else those without any.
-    fn candidates(&self, tid: &str, kind: TokenKind, kid: Option<&str>) -> Vec<&TrustedKey> {
+    /// with that `kid`, or else those without any; and whether the `kid` (if any) was
+    /// one of the tenant's.
+    fn candidates(&self, tid: &str, kind: TokenKind, kid: Option<&str>) -> (Vec<&TrustedKey>, bool) {
         let trusted = || self.keys.iter().filter(|k| k.kind == kind && k.tenants.allows(tid));
         let named: Vec<&TrustedKey> = match kid {
             Some(kid) => trusted().filter(|k| k.kid.as_deref() == Some(kid)).collect(),
             None => Vec::new(),
         };
         if !named.is_empty() {
-            return named;
+            return (named, true);
         }
-        trusted().filter(|k| k.kid.is_none()).collect()
+        (trusted().filter(|k| k.kid.is_none()).collect(), kid.is_none())
     }
 
     fn check_times(&self, payload: serde_json::Value, now_s: u64) -> Result<Verified, AuthError> {
@@ -353,6 +356,9 @@ mod tests {
             AuthError::UnknownKey
         );
         let shared = KeySet::new(vec![hs(None, "shared-secret-0123", Tenants::All)], 0);
+        // A kid nobody has, signed by another key: unknown, not merely a bad signature.
+        let unknown = sign(Some("k9"), "ninth-secret-01234", claims("a"));
+        assert_eq!(shared.verify_at(&unknown, TokenKind::Device, NOW).unwrap_err(), AuthError::UnknownKey);
         assert!(shared
             .verify_at(&sign(Some("any"), "shared-secret-0123", claims("a")), TokenKind::Device, NOW)
             .is_ok());
