@@ -25,16 +25,21 @@ pub enum Scope {
     /// End users' and devices' sessions and revoke their tokens (`not_before`).
     #[serde(rename = "sessions:revoke")]
     SessionsRevoke,
+    /// Read conversations and their members.
+    #[serde(rename = "conversations:read")]
+    ConversationsRead,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 3] = [Scope::MessagesSend, Scope::ConversationsWrite, Scope::SessionsRevoke];
+    pub const ALL: [Scope; 4] =
+        [Scope::MessagesSend, Scope::ConversationsWrite, Scope::SessionsRevoke, Scope::ConversationsRead];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::MessagesSend => "messages:send",
             Scope::ConversationsWrite => "conversations:write",
             Scope::SessionsRevoke => "sessions:revoke",
+            Scope::ConversationsRead => "conversations:read",
         }
     }
 
@@ -86,7 +91,7 @@ pub fn verify_service_at(token: &str, secret: &[u8], now_s: u64) -> Result<Servi
 pub fn service_claims(verified: Verified) -> Result<ServiceClaims, AuthError> {
     let claims: ServiceClaims = serde_json::from_value(verified.payload).map_err(|_| {
         AuthError::Claims(
-            "tid, svc, scopes (of messages:send, conversations:write, sessions:revoke) and exp are required",
+            "tid, svc, scopes (of messages:send, conversations:write, conversations:read, sessions:revoke) and exp are required",
         )
     })?;
     if !is_valid_tenant(&claims.tid) {

@@ -318,6 +318,14 @@ async fn a_tenants_key_cannot_open_a_session_or_call_the_server_api_in_another_t
     let acme_service = HttpClient::new(&base, service_token("acme-svc", acme_svc, "acme", &Scope::ALL));
     let (status, body) = acme_service.post_raw("/v1/server/conversations", create("ok").into_bytes()).await.unwrap();
     assert_eq!(status, 201, "{body}");
+    // Reading (scope conversations:read) stays within the tenant too.
+    let (status, conv) = acme_service.get_raw("/v1/server/conversations/ok").await.unwrap();
+    assert_eq!((status, &conv["members"]), (200, &json!(["gina", "mallory"])), "{conv}");
+    let globex_service = HttpClient::new(&base, service_token("globex-svc", globex_svc, "globex", &Scope::ALL));
+    let (status, _) = globex_service.get_raw("/v1/server/conversations/ok").await.unwrap();
+    assert_eq!(status, 404, "another tenant's conversation is not found");
+    let writer = HttpClient::new(&base, service_token("acme-svc", acme_svc, "acme", &[Scope::ConversationsWrite]));
+    assert_eq!(writer.get_raw("/v1/server/conversations/ok").await.unwrap().0, 403);
     // A device key is no service key, even in its own tenant.
     let as_service = sign_typed(
         SERVICE_TYP,

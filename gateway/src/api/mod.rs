@@ -60,6 +60,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/presence", get(presence::query))
         .route("/v1/server/messages", post(server::messages::send))
         .route("/v1/server/conversations", post(server::conversations::create).layer(members_limit()))
+        .route("/v1/server/conversations/{id}", get(server::conversations::get))
         .route(
             "/v1/server/conversations/{id}/members",
             post(server::conversations::change_members).layer(members_limit()),

@@ -100,6 +100,16 @@ mod tests {
     }
 
     #[test]
+    fn a_revocation_ends_only_sessions_of_older_tokens_or_tokens_without_iat() {
+        let c =
+            Claims { tid: "t".into(), sub: "u".into(), dev: "d".into(), plat: Platform::Web, exp: 1, iat: Some(100) };
+        assert!(revokes(&c, 101));
+        assert!(!revokes(&c, 100), "a token of the revocation's second stays");
+        assert!(!revokes(&c, 99));
+        assert!(revokes(&Claims { iat: None, ..c }, 1));
+    }
+
+    #[test]
     fn expiry_follows_exp_and_a_past_exp_is_now() {
         let now = Instant::now();
         assert!(expiry(0) <= Instant::now());

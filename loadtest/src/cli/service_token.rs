@@ -12,7 +12,8 @@ pub struct ServiceToken {
     /// The service's name ([a-z0-9_-]{1,32}); its sends come from device `service:<name>`.
     #[arg(long)]
     pub service: String,
-    /// A scope the token grants: messages:send or conversations:write (repeat for both).
+    /// A scope the token grants: messages:send, conversations:write, conversations:read
+    /// or sessions:revoke (repeat for several).
     #[arg(long = "scope", value_name = "SCOPE", required = true, value_parser = scope)]
     pub scopes: Vec<Scope>,
     #[arg(long, default_value = "acme")]

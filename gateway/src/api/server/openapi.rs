@@ -170,6 +170,19 @@ pub fn document() -> Value {
         s.request::<RevokeRequest>(),
         revoke_answers,
     );
+    let mut read_answers = vec![("200".to_owned(), s.answer::<Conversation>("the conversation and its members"))];
+    read_answers.extend(refusals(&mut s, &[("404", "not_found: no such conversation in the token's tenant")]));
+    let mut read = operation(
+        "getConversation",
+        "Read a conversation and its members",
+        Scope::ConversationsRead,
+        Value::Null,
+        read_answers,
+    );
+    if let Some(op) = read.as_object_mut() {
+        op.remove("requestBody");
+    }
+    read["parameters"] = json!([{ "name": "id", "in": "path", "required": true, "description": "The conversation's id.", "schema": { "type": "string" } }]);
     let scopes: Map<String, Value> = Scope::ALL.iter().map(|sc| (sc.as_str().to_owned(), json!(sc.as_str()))).collect();
     json!({
         "openapi": "3.1.0",
@@ -182,6 +195,7 @@ pub fn document() -> Value {
         "paths": {
             "/v1/server/messages": { "post": send },
             "/v1/server/conversations": { "post": create },
+            "/v1/server/conversations/{id}": { "get": read },
             "/v1/server/conversations/{id}/members": { "post": members },
             "/v1/server/conversations/{id}/title": { "post": title },
             "/v1/server/conversations/{id}/roles": { "post": roles },
