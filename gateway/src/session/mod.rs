@@ -340,13 +340,22 @@ where
                 let epoch = self.presence.epoch();
                 directory.register(self.device.clone(), self.id.clone(), epoch, g.realtime_queue, g.ephemeral_queue)
             };
-            let end = match Box::pin(self.start()).await {
-                Ok(()) => self.event_loop(&mailbox).await,
-                Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
-                Err(SessionError::Superseded) => End::Close(CloseCode::Replaced, REPLACED),
-                Err(e) => {
-                    tracing::warn!(error = %e, "session start failed");
-                    End::Close(CloseCode::InternalError, "dependency unavailable")
+            // A revocation announced between the token's check and the registration
+            // just above found no session here to close: look again.
+            let revoked = Box::pin(token::revoked_meanwhile(self.env.identity.clone(), self.claims.clone())).await;
+            let end = if revoked {
+                End::Close(CloseCode::Revoked, token::REVOKED)
+            } else {
+                match Box::pin(self.start()).await {
+                    Ok(()) => self.event_loop(&mailbox).await,
+                    Err(SessionError::Recovery(RecoveryError::Unregistered)) => {
+                        End::Close(CloseCode::Replaced, LOGGED_OUT)
+                    }
+                    Err(SessionError::Superseded) => End::Close(CloseCode::Replaced, REPLACED),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "session start failed");
+                        End::Close(CloseCode::InternalError, "dependency unavailable")
+                    }
                 }
             };
             Box::pin(self.finish(end, &directory)).await

@@ -11,8 +11,9 @@ use herald_shared::protocol::{ErrorFrame, Refreshed, TokenFrame};
 use tokio::time::Instant;
 
 use super::{End, Flow, Session};
-use crate::identity::DeviceRefusal;
+use crate::identity::{DeviceRefusal, Identity};
 use herald_shared::protocol::CloseCode;
+use std::sync::Arc;
 
 /// When a token whose `exp` is `exp` (seconds) stops being valid, on the session's clock.
 pub(super) fn expiry(exp: u64) -> Instant {
@@ -70,8 +71,21 @@ where
     }
 }
 
+/// Whether the session's token `c` was revoked after it was checked (a read of the
+/// revocations cache, filled by that check moments ago). Unknown counts as no: the
+/// token was valid a moment ago, and a revocation still reaches the session by its
+/// announcement. Owned arguments: the session (its socket) is not `Sync`.
+pub(super) async fn revoked_meanwhile(identity: Arc<Identity>, c: Claims) -> bool {
+    let nbf = identity.revocations.not_before(&c.tid, &c.sub, &c.dev).await;
+    let revoked = nbf.ok().flatten().is_some_and(|nbf| revokes(&c, nbf));
+    if revoked {
+        metrics::counter!("herald_sessions_revoked_total").increment(1);
+    }
+    revoked
+}
+
 /// The close reason of a revoked session.
-const REVOKED: &str = "token revoked; do not reconnect with it";
+pub(super) const REVOKED: &str = "token revoked; do not reconnect with it";
 
 fn revokes(claims: &Claims, not_before: u64) -> bool {
     claims.iat.is_none_or(|iat| iat < not_before)
