@@ -17,6 +17,7 @@ LAYERS = {
         ["metric_catalog", "dependencies"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
         ["redis", "db", "auth", "mysql_server", "migration_rules", "clock"],
+        ["identity"],
         ["keys", "config", "service_token"],
         ["protocol", "device_state"],
         ["ops"],
@@ -31,7 +32,7 @@ LAYERS = {
     "gateway": [
         ["tls", "mailbox", "budget", "watchers"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status", "starts"],
-        ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "typing", "roster"],
+        ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "typing", "roster", "identity"],
         ["session", "liveness", "notices"],
         ["state"],
         ["api"],

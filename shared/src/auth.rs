@@ -4,13 +4,11 @@
 //! its algorithm, so `alg: none` and RS/HS confusion tokens are refused before any
 //! signature check. A device token is never a service token (the server API's): those
 //! say `typ: herald-service` in their header, which a device check refuses. [`sign`]
-//! and [`verify`] are the shared-secret deployment's (`jwt_secret`), for tools and tests.
+//! mints the shared-secret deployment's tokens (`jwt_secret`), for tools and tests; the
+//! checks are [`crate::identity`]'s.
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
-
-use crate::identity::{KeySet, TokenKind, Verified};
-use crate::ids::now_ms;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -108,35 +106,10 @@ pub fn sign_typed<T: Serialize>(typ: &str, kid: Option<&str>, payload: &T, secre
     jsonwebtoken::encode(&header, payload, &EncodingKey::from_secret(secret)).expect("HS256 signs any payload")
 }
 
-/// Checks a token against one shared secret (the shared-key deployment).
-pub fn verify(token: &str, secret: &[u8]) -> Result<Claims, AuthError> {
-    verify_at(token, secret, now_ms() / 1000)
-}
-
-pub fn verify_at(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, AuthError> {
-    device_claims(KeySet::shared_secret(secret, TokenKind::Device).verify_at(token, TokenKind::Device, now_s)?)
-}
-
-/// The device claims of a verified token, their formats checked.
-pub fn device_claims(verified: Verified) -> Result<Claims, AuthError> {
-    let mut claims: Claims = serde_json::from_value(verified.payload)
-        .map_err(|_| AuthError::Claims("tid, sub, dev, plat and exp are required"))?;
-    claims.iat = verified.iat;
-    if !is_valid_tenant(&claims.tid) {
-        return Err(AuthError::Claims("tid must match [a-z0-9_-]{1,32}"));
-    }
-    if !is_valid_ident(&claims.sub) {
-        return Err(AuthError::Claims("sub must be 1..64 printable ASCII characters"));
-    }
-    if !is_valid_ident(&claims.dev) {
-        return Err(AuthError::Claims("dev must be 1..64 printable ASCII characters"));
-    }
-    Ok(claims)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::verify_at;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine;
     use hmac::{Hmac, Mac};

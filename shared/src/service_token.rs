@@ -106,7 +106,8 @@ pub fn service_claims(verified: Verified) -> Result<ServiceClaims, AuthError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{sign, verify_at, Claims, Platform};
+    use crate::auth::{sign, Claims, Platform};
+    use crate::identity::verify_at;
 
     fn service() -> ServiceClaims {
         ServiceClaims {

@@ -15,8 +15,8 @@ mod revocations;
 
 use std::sync::{Arc, RwLock};
 
-use herald_shared::auth::{device_claims, AuthError, Claims};
-use herald_shared::identity::{KeySet, TokenKind};
+use herald_shared::auth::{AuthError, Claims};
+use herald_shared::identity::{device_claims, KeySet, TokenKind};
 use herald_shared::ids::now_ms;
 use herald_shared::service_token::{service_claims, ServiceClaims};
 
