@@ -57,12 +57,12 @@ impl Identity {
     }
 
     /// A device token's claims, if a trusted key signed it for its tenant and its user
-    /// or device has not revoked it. A Redis failure while looking up revocations is
-    /// an error too (`Err(None)` from [`Revocations`] maps to unavailable upstream).
+    /// or device has not revoked it. Revocations that cannot be read (Redis) refuse the
+    /// token for now ([`DeviceRefusal::Unavailable`]): never let a revoked one in.
     pub async fn device(&self, token: &str) -> Result<Claims, DeviceRefusal> {
         let claims = device_claims(self.verify(token, TokenKind::Device)?)?;
         match self.revocations.not_before(&claims.tid, &claims.sub, &claims.dev).await {
-            Ok(Some(nbf)) if claims.iat.is_none_or(|iat| iat < nbf) => Err(AuthError::Revoked.into()),
+            Ok(Some(nbf)) if revoked_by(&claims, nbf) => Err(AuthError::Revoked.into()),
             Ok(_) => Ok(claims),
             Err(e) => Err(DeviceRefusal::Unavailable(e)),
         }
@@ -79,6 +79,12 @@ impl Identity {
     }
 }
 
+/// Whether a `not_before` revokes the token of `claims`: issued before it, or not
+/// saying when (no `iat`). A token issued in the revocation's second stays valid.
+pub fn revoked_by(claims: &Claims, not_before: u64) -> bool {
+    claims.iat.is_none_or(|iat| iat < not_before)
+}
+
 /// Why a device token was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceRefusal {
@@ -88,4 +94,20 @@ pub enum DeviceRefusal {
     /// Its revocations could not be read: retry.
     #[error(transparent)]
     Unavailable(RevocationError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use herald_shared::auth::Platform;
+
+    #[test]
+    fn a_revocation_ends_only_sessions_of_older_tokens_or_tokens_without_iat() {
+        let c =
+            Claims { tid: "t".into(), sub: "u".into(), dev: "d".into(), plat: Platform::Web, exp: 1, iat: Some(100) };
+        assert!(revoked_by(&c, 101));
+        assert!(!revoked_by(&c, 100), "a token of the revocation's second stays");
+        assert!(!revoked_by(&c, 99));
+        assert!(revoked_by(&Claims { iat: None, ..c }, 1));
+    }
 }

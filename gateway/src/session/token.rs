@@ -11,7 +11,7 @@ use herald_shared::protocol::{ErrorFrame, Refreshed, TokenFrame};
 use tokio::time::Instant;
 
 use super::{End, Flow, Session};
-use crate::identity::{DeviceRefusal, Identity};
+use crate::identity::{revoked_by, DeviceRefusal, Identity};
 use herald_shared::protocol::CloseCode;
 use std::sync::Arc;
 
@@ -63,7 +63,7 @@ where
     /// token was issued before `not_before` (or says not when), else it goes on (its
     /// token is newer: a client that reconnected, or refreshed, with a new one).
     pub(super) fn on_revoked(&mut self, not_before: u64) -> Flow {
-        if !revokes(&self.claims, not_before) {
+        if !revoked_by(&self.claims, not_before) {
             return ControlFlow::Continue(());
         }
         metrics::counter!("herald_sessions_revoked_total").increment(1);
@@ -77,7 +77,7 @@ where
 /// announcement. Owned arguments: the session (its socket) is not `Sync`.
 pub(super) async fn revoked_meanwhile(identity: Arc<Identity>, c: Claims) -> bool {
     let nbf = identity.revocations.not_before(&c.tid, &c.sub, &c.dev).await;
-    let revoked = nbf.ok().flatten().is_some_and(|nbf| revokes(&c, nbf));
+    let revoked = nbf.ok().flatten().is_some_and(|nbf| revoked_by(&c, nbf));
     if revoked {
         metrics::counter!("herald_sessions_revoked_total").increment(1);
     }
@@ -86,10 +86,6 @@ pub(super) async fn revoked_meanwhile(identity: Arc<Identity>, c: Claims) -> boo
 
 /// The close reason of a revoked session.
 pub(super) const REVOKED: &str = "token revoked; do not reconnect with it";
-
-fn revokes(claims: &Claims, not_before: u64) -> bool {
-    claims.iat.is_none_or(|iat| iat < not_before)
-}
 
 fn outcome(answer: &herald_shared::protocol::ServerFrame) -> &'static str {
     match answer {
@@ -111,16 +107,6 @@ mod tests {
         assert!(!same_device(&c, &Claims { sub: "u2".into(), ..c.clone() }));
         assert!(!same_device(&c, &Claims { dev: "d2".into(), ..c.clone() }));
         assert!(!same_device(&c, &Claims { plat: Platform::Ios, ..c.clone() }));
-    }
-
-    #[test]
-    fn a_revocation_ends_only_sessions_of_older_tokens_or_tokens_without_iat() {
-        let c =
-            Claims { tid: "t".into(), sub: "u".into(), dev: "d".into(), plat: Platform::Web, exp: 1, iat: Some(100) };
-        assert!(revokes(&c, 101));
-        assert!(!revokes(&c, 100), "a token of the revocation's second stays");
-        assert!(!revokes(&c, 99));
-        assert!(revokes(&Claims { iat: None, ..c }, 1));
     }
 
     #[test]
