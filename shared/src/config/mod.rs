@@ -146,7 +146,7 @@ const ROOT_KEYS: &[Key] = &[
         "jwt_secret",
         "",
         BOTH,
-        "HS256 key of client tokens, trusted for every tenant (the shared-key deployment): at least 16 bytes; required unless `auth.trust_file` is set.",
+        "HS256 key of client tokens, trusted for every tenant (the shared-key deployment): at least 16 bytes; gateways need it unless `auth.trust_file` is set.",
     ),
     Key::new(
         "service_secret",
