@@ -373,6 +373,9 @@ pub struct Token {
     /// How long the token is valid, in seconds.
     #[arg(long, default_value_t = 86_400)]
     pub ttl_s: u64,
+    /// The `kid` of the key (a trust file's key with a `kid`); none by default.
+    #[arg(long)]
+    pub kid: Option<String>,
     #[command(flatten)]
     pub secret: Secret,
 }

@@ -59,7 +59,8 @@ async fn run(command: Command) -> Result<i32> {
                 exp: now + a.ttl_s,
                 iat: Some(now),
             };
-            println!("{}", herald_shared::auth::sign(&claims, a.secret.get()?.as_bytes()));
+            let secret = a.secret.get()?;
+            println!("{}", herald_shared::auth::sign_typed("JWT", a.kid.as_deref(), &claims, secret.as_bytes()));
             return Ok(0);
         }
     };

@@ -295,8 +295,16 @@ async fn a_tenants_key_cannot_open_a_session_or_call_the_server_api_in_another_t
     c.start_gateway(&[("HERALD_JWT_SECRET", ""), ("HERALD_SERVICE_SECRET", ""), trust_env]).await;
     let base = c.gateways[0].base_url();
 
-    // Each tenant's own keys work.
+    // Each tenant's own keys work, also as operators mint tokens (`token --kid`).
     assert_eq!(status_of(&base, &hs_token("acme-1", acme_dev, &claims("acme", "a", "d", now()))).await, 200);
+    let minted = std::process::Command::new(herald_tests::bin("herald-loadtest"))
+        .args([
+            "token", "--tenant", "acme", "--user", "ops", "--device", "cli", "--kid", "acme-1", "--secret", acme_dev,
+        ])
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{}", String::from_utf8_lossy(&minted.stderr));
+    assert_eq!(status_of(&base, String::from_utf8(minted.stdout).unwrap().trim()).await, 200);
     assert_eq!(status_of(&base, &hs_token("globex-1", globex_dev, &claims("globex", "g", "d", now()))).await, 200);
     // acme's device key claiming globex: 401 over HTTP, 4001 on the WebSocket, with or
     // without globex's kid.

@@ -4,8 +4,9 @@
 use std::fmt;
 
 use clap::Args;
+use herald_shared::auth::{sign_typed, SERVICE_TYP};
 use herald_shared::ids::now_ms;
-use herald_shared::service_token::{sign_service, Scope, ServiceClaims};
+use herald_shared::service_token::{Scope, ServiceClaims};
 
 #[derive(Debug, Args)]
 pub struct ServiceToken {
@@ -21,6 +22,9 @@ pub struct ServiceToken {
     /// How long the token is valid, in seconds.
     #[arg(long, default_value_t = 86_400)]
     pub ttl_s: u64,
+    /// The `kid` of the key (a trust file's service key with a `kid`); none by default.
+    #[arg(long)]
+    pub kid: Option<String>,
     /// HS256 secret of service tokens [default: $HERALD_SERVICE_SECRET].
     #[arg(long = "secret", value_name = "S")]
     pub secret: Option<String>,
@@ -37,7 +41,7 @@ impl ServiceToken {
             scopes: self.scopes.clone(),
             exp: now_ms() / 1000 + self.ttl_s,
         };
-        Ok(sign_service(&claims, secret.as_bytes()))
+        Ok(sign_typed(SERVICE_TYP, self.kid.as_deref(), &claims, secret.as_bytes()))
     }
 }
 
