@@ -70,11 +70,14 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.o = { ...DEFAULTS, ...options, WebSocket: WS };
     this.backoff = new Backoff(options.backoff);
     this.log = options.debug ?? (() => {});
-    this.tokens = new TokenKeeper(options.token, {
-      renewBeforeMs: this.o.refreshBeforeMs,
-      log: options.debug,
-      backoff: { random: options.backoff?.random },
-    });
+    this.tokens =
+      options.token instanceof TokenKeeper
+        ? options.token
+        : new TokenKeeper(options.token, {
+            renewBeforeMs: this.o.refreshBeforeMs,
+            log: options.debug,
+            backoff: { random: options.backoff?.random },
+          });
     this.seen = new SeenIds(this.o.dedupCapacity);
     this.acked = new SeenIds(this.o.dedupCapacity);
     this.outbox = new Outbox(options.outboxStorage, this.o.sendTimeoutMs);
@@ -335,7 +338,7 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   }
 
   private scheduleRefresh(): void {
-    const exp = this.tokenNow && typeof this.o.token === "function" ? tokenExpiry(this.tokenNow) : null;
+    const exp = this.tokenNow && this.tokens.renewable ? tokenExpiry(this.tokenNow) : null;
     this.refreshAt = exp === null ? null : Math.max(Date.now() + 1_000, exp * 1000 - this.o.refreshBeforeMs);
   }
 

@@ -6,7 +6,7 @@ import type { OutboxStorage, SendResult } from "./outbox.js";
 import type { Presence } from "./presence.js";
 import type { WireMessage } from "./protocol.js";
 import type { MessageStatus } from "./status.js";
-import type { LoggedOut, Logger, TokenReason, TokenSource, TokenUnavailable } from "./tokens.js";
+import type { LoggedOut, Logger, TokenKeeper, TokenReason, TokenSource, TokenUnavailable } from "./tokens.js";
 
 export type { Logger, TokenReason, TokenSource };
 
@@ -34,9 +34,10 @@ export interface HeraldOptions {
    * held, the one held is within `refreshBeforeMs` of its `exp`, or the server refused
    * it (4001, 4004): not per reconnect. A call that throws is retried with jittered
    * backoff, then reported as `token_error` (`TokenUnavailable`). Returning `null`
-   * means the user is logged out: the client closes (`logged_out`) and says so.
+   * means the user is logged out: the client closes (`logged_out`) and says so. A
+   * `TokenKeeper` shared with a `HeraldApi` makes both use one token.
    */
-  token: TokenSource;
+  token: TokenSource | TokenKeeper;
   /** A debug hook: token calls and retries, reconnect decisions, with details. */
   debug?: Logger;
   /** The WebSocket class (default: the global one; in Node pass `ws`'s). */

@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { ApiError, HeraldApi, HeraldClient, LoggedOut, TokenUnavailable, type HeraldOptions, type StateChange, type TokenReason } from "../../src/index.js";
+import { ApiError, HeraldApi, HeraldClient, LoggedOut, TokenKeeper, TokenUnavailable, type HeraldOptions, type StateChange, type TokenReason } from "../../src/index.js";
 
 /** A WebSocket the test plays the server of. */
 class FakeSocket {
@@ -169,6 +169,22 @@ describe("HTTP requests", () => {
     expect(reasons).toEqual(["connect", "expired"]);
     expect(seen).toHaveLength(4);
     expect(seen[3]).not.toBe(seen[2]);
+  });
+
+  it("share one token with the WebSocket client through a TokenKeeper", async () => {
+    vi.useRealTimers();
+    const reasons: TokenReason[] = [];
+    const keeper = new TokenKeeper((r) => (reasons.push(r), jwt(inAnHour())));
+    const seen: string[] = [];
+    const api = new HeraldApi({ url: "http://gw", token: keeper, fetch: async (_url, init) => (seen.push((init?.headers as Record<string, string>).authorization), answer(200, {})) });
+    const c = new HeraldClient({ url: "https://gw", token: keeper, WebSocket: FakeSocket as any, browser: null });
+    c.connect();
+    await new Promise((resolve) => setTimeout(resolve, 0));
+    last().onopen?.({});
+    await api.registerDevice();
+    expect(reasons).toEqual(["connect"]);
+    expect(seen[0]).toBe(`Bearer ${last().sent[0].token}`);
+    c.close();
   });
 
   it("a second 401 is thrown, and a request with no answer times out as unavailable", async () => {
