@@ -11,8 +11,9 @@
 //!   [`acks`] (acks left over by ended sessions, retried); [`watchers`] (who follows
 //!   whose presence here) sits with the mailbox.
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
-//!   streams, through the node's [`ingress_writer`]), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
-//!   [`watermarks`] (their flusher), [`delivered`] (delivered positions' flusher),
+//!   streams, through the node's [`ingress_writer`]), [`devices`] (device registration),
+//!   [`recovery`] (pending-set rebuilds), [`identity`] (tokens' key sets and
+//!   revocations), [`watermarks`] (their flusher), [`delivered`] (delivered positions' flusher),
 //!   [`notices`] (the node and presence channels), [`typing`] (typing indicators
 //!   relayed), [`roster`] (presence announced and read). [`status`] (a message's status per recipient)
 //!   sits with the leaves.
@@ -29,6 +30,7 @@ pub mod devices;
 pub mod epoch;
 pub mod error;
 pub mod history;
+pub mod identity;
 pub mod ingress;
 pub mod ingress_writer;
 pub mod limits;
@@ -166,6 +168,16 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         g.typing_max_members,
     ));
     let drain = process.cancel().child_token();
+    let identity = Arc::new(identity::Identity::new(
+        herald_shared::identity::KeySet::default(),
+        identity::Revocations::new(redis.clone(), keys.clone(), cfg.auth.max_token_lifetime_s + cfg.auth.leeway_s),
+    ));
+    let key_refresher = identity::KeyRefresher::new(&cfg, identity.clone());
+    // Before any request is served: a JWKS URL that does not answer leaves its tenant
+    // without keys until a later read (tried every few seconds) gets them.
+    if !key_refresher.refresh().await {
+        tracing::warn!("some keys could not be read; their tenants' tokens are refused until they are");
+    }
     let devices = devices::DeviceRegistry::new(
         db.clone(),
         redis.clone(),
@@ -174,6 +186,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         Duration::from_secs(cfg.delivery.device_ttl_s),
     );
     let sessions = Arc::new(SessionEnv {
+        identity: identity.clone(),
         devices: devices.clone(),
         cfg: cfg.clone(),
         redis: redis.clone(),
@@ -229,7 +242,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let budget = budget::BudgetController::new(g, limits.backlog.clone(), limits.realtime.clone());
     process.spawn_supervised("backlog_budget", Criticality::Background, move |c| budget.clone().run(c));
     let devices = state.devices.clone();
-    let channel = NodeChannel { client: subscriber.clone(), waiters, sessions: directory.clone(), watchers, devices };
+    let channel = NodeChannel {
+        client: subscriber.clone(),
+        waiters,
+        sessions: directory.clone(),
+        watchers,
+        devices,
+        identity: identity.clone(),
+    };
+    process.spawn_supervised("key_refresher", Criticality::Background, move |c| key_refresher.clone().run(c));
     process.spawn_supervised("node_channel", Criticality::Critical, move |c| channel.clone().run(c));
     let check_policy = g.require_noeviction;
     let grace = Some(g.dependency_outage_grace_ms).filter(|&ms| ms > 0).map(Duration::from_millis);

@@ -44,6 +44,9 @@ pub struct Ephemeral {
 pub enum Control {
     /// A newer session of the same device exists (close 4002).
     Replaced,
+    /// Tokens of the session's user or device issued before this time (seconds) are
+    /// revoked: the session closes (4004) if its token is one.
+    Revoked(u64),
     /// A read position to show; kept in Redis until a pong confirms it.
     Read(ReadPosition),
     /// A delivery status of the user's own messages (not kept: a lost one is

@@ -12,6 +12,7 @@ use herald_shared::protocol::NodeEnvelope;
 use tokio_util::sync::CancellationToken;
 
 use crate::devices::DeviceRegistry;
+use crate::identity::Identity;
 use crate::sessions::{Ephemeral, EphemeralKind, Push, SessionRegistry};
 use crate::waiters::SendWaiters;
 use crate::watchers::PresenceWatchers;
@@ -79,6 +80,8 @@ pub struct NodeChannel {
     pub watchers: Arc<PresenceWatchers>,
     /// Forgets devices that logged out through other gateways.
     pub devices: DeviceRegistry,
+    /// Revocations announced by any gateway (this one too).
+    pub identity: Arc<Identity>,
 }
 
 impl NodeChannel {
@@ -86,21 +89,21 @@ impl NodeChannel {
     /// outlives a restart (fred keeps it), so nothing is missed but what arrived while
     /// it was down, and sessions read their pending sets again for that.
     pub async fn run(self, cancel: CancellationToken) {
-        let NodeChannel { client, waiters, sessions, watchers, devices } = self;
-        sessions.reread_all();
-        devices.forget_all();
-        listen(client, waiters, sessions, watchers, devices, cancel).await
+        read_again(&self);
+        listen(self, cancel).await
     }
 }
 
-async fn listen(
-    client: SubscriberClient,
-    waiters: Arc<SendWaiters>,
-    sessions: Arc<SessionRegistry>,
-    watchers: Arc<PresenceWatchers>,
-    devices: DeviceRegistry,
-    cancel: CancellationToken,
-) {
+/// What was announced while the channel was down is read again: pending sets by
+/// sessions, registrations and revocations from MySQL and Redis.
+fn read_again(channel: &NodeChannel) {
+    channel.sessions.reread_all();
+    channel.devices.forget_all();
+    channel.identity.revocations.forget_all();
+}
+
+async fn listen(channel: NodeChannel, cancel: CancellationToken) {
+    let NodeChannel { client, waiters, sessions, watchers, devices, identity } = channel;
     let mut rx = client.message_rx();
     let mut reconnects = client.reconnect_rx();
     loop {
@@ -114,8 +117,10 @@ async fn listen(
                     // sets for what they missed.
                     tracing::info!("node channel reconnected; sessions read their pending sets again");
                     sessions.reread_all();
-                    // A logout announced meanwhile was missed: registrations are made again.
+                    // A logout or revocation announced meanwhile was missed:
+                    // registrations are made again, revocations read again.
                     devices.forget_all();
+                    identity.revocations.forget_all();
                 }
                 continue;
             }
@@ -130,6 +135,7 @@ async fn listen(
                 tracing::warn!(lost = n, "node channel receiver lagged; sessions read their pending sets again");
                 sessions.reread_all();
                 devices.forget_all();
+                identity.revocations.forget_all();
                 continue;
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
@@ -167,6 +173,10 @@ async fn listen(
         }
         for d in &env.logouts {
             devices.forget(d);
+        }
+        for r in &env.revocations {
+            identity.revocations.forget(&r.tenant, &r.user);
+            sessions.revoke(r);
         }
         for k in env.kick {
             sessions.kick(&DeviceKey::new(k.tenant, k.user, k.device), &k.session);

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use herald_shared::protocol::{DeliveryStatus, ReadPosition};
+use herald_shared::protocol::{DeliveryStatus, ReadPosition, Revocation};
 
 use crate::mailbox::Mailbox;
 pub use crate::mailbox::{Control, Ephemeral, EphemeralKind, Push};
@@ -104,6 +104,16 @@ impl SessionRegistry {
         let map = self.sessions.lock().expect("sessions");
         if let Some(e) = map.get(key).filter(|e| e.session == session) {
             e.mailbox.control(Control::Replaced);
+        }
+    }
+
+    /// Tells the sessions here of the revoked user (or device) that tokens issued
+    /// before `not_before` are refused: those whose token is closes (4004).
+    pub fn revoke(&self, r: &Revocation) {
+        let map = self.sessions.lock().expect("sessions");
+        let of_user = map.iter().filter(|(k, _)| k.tenant == r.tenant && k.user == r.user);
+        for (_, e) in of_user.filter(|(k, _)| r.device.as_ref().is_none_or(|d| *d == k.device)) {
+            e.mailbox.control(Control::Revoked(r.not_before));
         }
     }
 

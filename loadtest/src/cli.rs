@@ -316,6 +316,14 @@ pub struct Probe {
     /// Names the probe accounts (NAME-a, NAME-b) and their conversation.
     #[arg(long, default_value = "canary")]
     pub name: String,
+    /// Token of the first probe account, instead of a secret: a credential that acts
+    /// in the probe's tenant only (mint it with `token --platform probe`); its tenant
+    /// and user are the accounts' [default: $PROBE_TOKEN_A].
+    #[arg(long, value_name = "JWT")]
+    pub token_a: Option<String>,
+    /// Token of the second probe account, with --token-a [default: $PROBE_TOKEN_B].
+    #[arg(long, value_name = "JWT")]
+    pub token_b: Option<String>,
     /// Milliseconds between the messages of each side.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub interval_ms: u64,
@@ -362,6 +370,12 @@ pub struct Token {
     /// ios, android, web, desktop, server or probe.
     #[arg(long, default_value = "ios", value_parser = platform)]
     pub platform: Platform,
+    /// How long the token is valid, in seconds.
+    #[arg(long, default_value_t = 86_400)]
+    pub ttl_s: u64,
+    /// The `kid` of the key (a trust file's key with a `kid`); none by default.
+    #[arg(long)]
+    pub kid: Option<String>,
     #[command(flatten)]
     pub secret: Secret,
 }

@@ -131,6 +131,7 @@ fn the_callers_command_lines_parse() {
     for line in [
         "report --dir docs/capacity --out docs/capacity-report.md --machine 2-cores",
         "token --secret s --tenant acme --user alice --device phone",
+        "token --secret s --tenant probe --user canary-a --device probe --platform probe --ttl-s 31536000 --kid probe-1",
         "probe --gateways http://gw:80 --tenant probe --name herald --interval-ms 1000 --loss-after-ms 30000 --listen 0.0.0.0:9099",
         "probe --gateways http://a,http://b --interval-ms 100 --duration 30 --listen 127.0.0.1:1",
         "probe --gateways http://gw:80 --tenant probe --name t --interval-ms 200 --loss-after-ms 5000 --duration 20 --fail-on-loss --listen 127.0.0.1:9099",

@@ -3,7 +3,6 @@
 
 use anyhow::Result;
 use clap::Parser;
-use herald_client::token;
 use herald_loadtest::cli::{Cli, Command};
 use herald_loadtest::{probe, report, scenarios, sends};
 use serde_json::json;
@@ -51,7 +50,17 @@ async fn run(command: Command) -> Result<i32> {
             return Ok(0);
         }
         Command::Token(a) => {
-            println!("{}", token(&a.secret.get()?, &a.tenant, &a.user, &a.device, a.platform));
+            let now = herald_shared::ids::now_ms() / 1000;
+            let claims = herald_shared::auth::Claims {
+                tid: a.tenant.clone(),
+                sub: a.user.clone(),
+                dev: a.device.clone(),
+                plat: a.platform,
+                exp: now + a.ttl_s,
+                iat: Some(now),
+            };
+            let secret = a.secret.get()?;
+            println!("{}", herald_shared::auth::sign_typed("JWT", a.kid.as_deref(), &claims, secret.as_bytes()));
             return Ok(0);
         }
     };

@@ -1,17 +1,14 @@
-//! Client identity: HS256 JWTs (docs/protocol.md section 1).
+//! Client identity: device tokens (docs/protocol.md section 1).
 //!
-//! The algorithm is pinned: the header must say `HS256`, so `alg: none` and
-//! RS/HS confusion tokens are refused before any signature check. A device token is
-//! never a service token (the server API's): those say `typ: herald-service`
-//! in their header, which a device check refuses.
+//! Tokens are checked against a key set ([`crate::identity::KeySet`]): each key pins
+//! its algorithm, so `alg: none` and RS/HS confusion tokens are refused before any
+//! signature check. A device token is never a service token (the server API's): those
+//! say `typ: herald-service` in their header, which a device check refuses. [`sign`]
+//! mints the shared-secret deployment's tokens (`jwt_secret`), for tools and tests; the
+//! checks are [`crate::identity`]'s.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
-use hmac::{Hmac, Mac};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
-
-use crate::ids::now_ms;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -51,32 +48,40 @@ pub struct Claims {
     pub plat: Platform,
     /// Expiry, seconds since the Unix epoch.
     pub exp: u64,
+    /// When the token was issued, seconds since the Unix epoch: a user's or device's
+    /// `not_before` (revocation) refuses tokens issued before it, and those without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iat: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
     #[error("token is not a JWT")]
     Malformed,
-    #[error("token algorithm must be HS256")]
+    #[error("token algorithm is not the one its key is pinned to")]
     Algorithm,
+    #[error("no key is trusted for the token's tenant and kid")]
+    UnknownKey,
     #[error("token signature is invalid")]
     Signature,
     #[error("token claims are invalid: {0}")]
     Claims(&'static str),
     #[error("token has expired")]
     Expired,
+    #[error("token is not valid yet (nbf or iat in the future)")]
+    NotYetValid,
+    #[error("token issuer (iss) is not the one trusted for its key")]
+    Issuer,
+    #[error("token audience (aud) does not name this service")]
+    Audience,
+    #[error("token was revoked: issued before its user's or device's not_before")]
+    Revoked,
     #[error("{0}")]
     WrongKind(&'static str),
 }
 
 /// The header `typ` of service tokens: device checks refuse it, service checks require it.
 pub const SERVICE_TYP: &str = "herald-service";
-
-#[derive(Deserialize)]
-struct Header {
-    alg: String,
-    typ: Option<String>,
-}
 
 pub fn is_valid_tenant(tid: &str) -> bool {
     (1..=32).contains(&tid.len())
@@ -88,78 +93,27 @@ pub fn is_valid_ident(id: &str) -> bool {
     (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
 }
 
-fn mac(secret: &[u8]) -> Hmac<Sha256> {
-    // HMAC accepts keys of any length; this cannot fail.
-    Hmac::<Sha256>::new_from_slice(secret).expect("hmac accepts any key length")
-}
-
-/// Mints a token (used by tests, the load-test and operators' tooling).
+/// Mints an HS256 token (used by tests, the load-test and operators' tooling).
 pub fn sign(claims: &Claims, secret: &[u8]) -> String {
-    sign_typed("JWT", &serde_json::to_vec(claims).expect("claims serialize"), secret)
+    sign_typed("JWT", None, claims, secret)
 }
 
-/// An HS256 JWT of `payload` with `typ` in its header.
-pub(crate) fn sign_typed(typ: &str, payload: &[u8], secret: &[u8]) -> String {
-    let header = serde_json::json!({"alg": "HS256", "typ": typ}).to_string();
-    let header = URL_SAFE_NO_PAD.encode(header.as_bytes());
-    let payload = URL_SAFE_NO_PAD.encode(payload);
-    let signing_input = format!("{header}.{payload}");
-    let mut m = mac(secret);
-    m.update(signing_input.as_bytes());
-    let sig = URL_SAFE_NO_PAD.encode(m.finalize().into_bytes());
-    format!("{signing_input}.{sig}")
-}
-
-/// Checks the signature, the algorithm, expiry and the claim formats.
-pub fn verify(token: &str, secret: &[u8]) -> Result<Claims, AuthError> {
-    verify_at(token, secret, now_ms() / 1000)
-}
-
-pub fn verify_at(token: &str, secret: &[u8], now_s: u64) -> Result<Claims, AuthError> {
-    let (typ, payload) = signed_payload(token, secret)?;
-    if typ.as_deref() == Some(SERVICE_TYP) {
-        return Err(AuthError::WrongKind("a service token is not a device token"));
-    }
-    let claims: Claims =
-        serde_json::from_slice(&payload).map_err(|_| AuthError::Claims("tid, sub, dev, plat and exp are required"))?;
-    if !is_valid_tenant(&claims.tid) {
-        return Err(AuthError::Claims("tid must match [a-z0-9_-]{1,32}"));
-    }
-    if !is_valid_ident(&claims.sub) {
-        return Err(AuthError::Claims("sub must be 1..64 printable ASCII characters"));
-    }
-    if !is_valid_ident(&claims.dev) {
-        return Err(AuthError::Claims("dev must be 1..64 printable ASCII characters"));
-    }
-    if claims.exp <= now_s {
-        return Err(AuthError::Expired);
-    }
-    Ok(claims)
-}
-
-/// The header's `typ` and the payload of a token whose algorithm label and signature
-/// are right; its claims are not looked at yet.
-pub(crate) fn signed_payload(token: &str, secret: &[u8]) -> Result<(Option<String>, Vec<u8>), AuthError> {
-    let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(AuthError::Malformed);
-    };
-    let header: Header =
-        URL_SAFE_NO_PAD.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or(AuthError::Malformed)?;
-    if header.alg != "HS256" {
-        return Err(AuthError::Algorithm);
-    }
-    let sig = URL_SAFE_NO_PAD.decode(s).map_err(|_| AuthError::Malformed)?;
-    let mut m = mac(secret);
-    m.update(&token.as_bytes()[..h.len() + 1 + p.len()]);
-    m.verify_slice(&sig).map_err(|_| AuthError::Signature)?;
-    let payload = URL_SAFE_NO_PAD.decode(p).map_err(|_| AuthError::Malformed)?;
-    Ok((header.typ, payload))
+/// An HS256 JWT of `payload` with `typ` and `kid` in its header.
+pub fn sign_typed<T: Serialize>(typ: &str, kid: Option<&str>, payload: &T, secret: &[u8]) -> String {
+    let mut header = Header::new(Algorithm::HS256);
+    header.typ = Some(typ.to_owned());
+    header.kid = kid.map(str::to_owned);
+    jsonwebtoken::encode(&header, payload, &EncodingKey::from_secret(secret)).expect("HS256 signs any payload")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::verify_at;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    use hmac::{Hmac, Mac};
+    use sha2::Sha256;
 
     fn claims() -> Claims {
         Claims {
@@ -168,7 +122,12 @@ mod tests {
             dev: "phone-1".into(),
             plat: Platform::Ios,
             exp: 2_000_000_000,
+            iat: None,
         }
+    }
+
+    fn mac(secret: &[u8]) -> Hmac<Sha256> {
+        Hmac::<Sha256>::new_from_slice(secret).unwrap()
     }
 
     #[test]

@@ -128,6 +128,12 @@ impl Keys {
     }
 
     /// The pub/sub channel every gateway listens on for presence changes.
+    /// HASH `*` | `dev:<device>` -> `not_before` (seconds): tokens of the user (or
+    /// device) issued before it are refused; kept `auth.max_token_lifetime_s`.
+    pub fn revocations(&self, tenant: &str, user: &str) -> String {
+        format!("{}:{{{tenant}:{user}}}:nbf", self.prefix)
+    }
+
     pub fn presence_channel(&self) -> String {
         format!("{}:presence", self.prefix)
     }

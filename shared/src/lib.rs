@@ -2,8 +2,9 @@
 //!
 //! # Layout
 //! - [`ids`]: snowflake message ids and their exact Redis encodings.
-//! - [`auth`]: HS256 client tokens and identifier rules; [`service_token`]: the
-//!   tokens of backends and bots (the server API).
+//! - [`auth`]: client tokens and identifier rules; [`service_token`]: the tokens of
+//!   backends and bots (the server API); [`identity`]: the key sets both are checked
+//!   against (per tenant, JWKS, the trust file).
 //! - [`config`]: layered, validated configuration.
 //! - [`protocol`]: wire frames and gateway/worker messages.
 //! - [`error`]: the protocol's error codes.
@@ -28,6 +29,7 @@ pub mod db;
 pub mod dependencies;
 pub mod device_state;
 pub mod error;
+pub mod identity;
 pub mod ids;
 pub mod keys;
 pub mod metric_catalog;

@@ -55,6 +55,12 @@ pub const METRICS: &[Metric] = &[
     // Gateway: sessions and frames.
     gauge("herald_gateway_sessions", "WebSocket sessions open on this gateway."),
     counter("herald_token_refreshes_total", "In-session token refreshes, by outcome (refreshed or refused)."),
+    gauge("herald_auth_keys", "Keys that verify tokens on this gateway (shared secrets, trust file, JWKS URLs)."),
+    counter(
+        "herald_auth_key_refreshes_total",
+        "Reads of the trust file and its JWKS, by outcome (ok, or failed: the last good keys stayed).",
+    ),
+    counter("herald_sessions_revoked_total", "Sessions closed because their token was revoked (close 4004)."),
     counter(
         "herald_sessions_closed_total",
         "WebSocket sessions ended, by reason (a close code's name, or client_gone).",

@@ -1,15 +1,16 @@
 //! Service identity: the tokens of backends and bots calling the server API
 //! (docs/protocol.md section 7).
 //!
-//! A service token is an HS256 JWT like a device token, but signed with its own secret
-//! (`service_secret`), marked `typ: herald-service` in its header and carrying a
-//! service's name and scopes instead of a user and a device. Each check refuses the
-//! other kind, so a device can never call the server API and a service never opens a
-//! session.
+//! A service token is a JWT like a device token, but signed with keys of its own
+//! (`service_secret`, or a trust file's `"tokens": "service"` issuers, per tenant),
+//! marked `typ: herald-service` in its header and carrying a service's name and scopes
+//! instead of a user and a device. Each check refuses the other kind, so a device can
+//! never call the server API and a service never opens a session.
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{is_valid_tenant, sign_typed, signed_payload, AuthError, SERVICE_TYP};
+use crate::auth::{is_valid_tenant, sign_typed, AuthError, SERVICE_TYP};
+use crate::identity::{KeySet, TokenKind, Verified};
 use crate::ids::now_ms;
 
 /// What a service token allows. A route needs one scope; a token holds a set.
@@ -21,15 +22,24 @@ pub enum Scope {
     /// Create conversations and change their members.
     #[serde(rename = "conversations:write")]
     ConversationsWrite,
+    /// End users' and devices' sessions and revoke their tokens (`not_before`).
+    #[serde(rename = "sessions:revoke")]
+    SessionsRevoke,
+    /// Read conversations and their members.
+    #[serde(rename = "conversations:read")]
+    ConversationsRead,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 2] = [Scope::MessagesSend, Scope::ConversationsWrite];
+    pub const ALL: [Scope; 4] =
+        [Scope::MessagesSend, Scope::ConversationsWrite, Scope::SessionsRevoke, Scope::ConversationsRead];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::MessagesSend => "messages:send",
             Scope::ConversationsWrite => "conversations:write",
+            Scope::SessionsRevoke => "sessions:revoke",
+            Scope::ConversationsRead => "conversations:read",
         }
     }
 
@@ -63,23 +73,26 @@ impl ServiceClaims {
     }
 }
 
-/// Mints a service token (tests and `herald-loadtest service-token`).
+/// Mints an HS256 service token (tests and `herald-loadtest service-token`).
 pub fn sign_service(claims: &ServiceClaims, secret: &[u8]) -> String {
-    sign_typed(SERVICE_TYP, &serde_json::to_vec(claims).expect("claims serialize"), secret)
+    sign_typed(SERVICE_TYP, None, claims, secret)
 }
 
-/// Checks the signature, the algorithm, the kind, expiry and the claim formats.
+/// Checks a service token against one shared secret (`service_secret`).
 pub fn verify_service(token: &str, secret: &[u8]) -> Result<ServiceClaims, AuthError> {
     verify_service_at(token, secret, now_ms() / 1000)
 }
 
 pub fn verify_service_at(token: &str, secret: &[u8], now_s: u64) -> Result<ServiceClaims, AuthError> {
-    let (typ, payload) = signed_payload(token, secret)?;
-    if typ.as_deref() != Some(SERVICE_TYP) {
-        return Err(AuthError::WrongKind("a device token is not a service token"));
-    }
-    let claims: ServiceClaims = serde_json::from_slice(&payload).map_err(|_| {
-        AuthError::Claims("tid, svc, scopes (of messages:send, conversations:write) and exp are required")
+    service_claims(KeySet::shared_secret(secret, TokenKind::Service).verify_at(token, TokenKind::Service, now_s)?)
+}
+
+/// The service claims of a verified token, their formats checked.
+pub fn service_claims(verified: Verified) -> Result<ServiceClaims, AuthError> {
+    let claims: ServiceClaims = serde_json::from_value(verified.payload).map_err(|_| {
+        AuthError::Claims(
+            "tid, svc, scopes (of messages:send, conversations:write, conversations:read, sessions:revoke) and exp are required",
+        )
     })?;
     if !is_valid_tenant(&claims.tid) {
         return Err(AuthError::Claims("tid must match [a-z0-9_-]{1,32}"));
@@ -87,16 +100,14 @@ pub fn verify_service_at(token: &str, secret: &[u8], now_s: u64) -> Result<Servi
     if !is_valid_tenant(&claims.svc) {
         return Err(AuthError::Claims("svc must match [a-z0-9_-]{1,32}"));
     }
-    if claims.exp <= now_s {
-        return Err(AuthError::Expired);
-    }
     Ok(claims)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{sign, verify_at, Claims, Platform};
+    use crate::auth::{sign, Claims, Platform};
+    use crate::identity::verify_at;
 
     fn service() -> ServiceClaims {
         ServiceClaims {
@@ -108,7 +119,14 @@ mod tests {
     }
 
     fn device() -> Claims {
-        Claims { tid: "acme".into(), sub: "alice".into(), dev: "d1".into(), plat: Platform::Server, exp: 2_000_000_000 }
+        Claims {
+            tid: "acme".into(),
+            sub: "alice".into(),
+            dev: "d1".into(),
+            plat: Platform::Server,
+            exp: 2_000_000_000,
+            iat: None,
+        }
     }
 
     #[test]
@@ -137,11 +155,11 @@ mod tests {
         let bad = ServiceClaims { svc: "Help Desk".into(), ..service() };
         assert!(matches!(verify_service_at(&sign_service(&bad, b"s"), b"s", 0), Err(AuthError::Claims(_))));
         let unknown = serde_json::json!({"tid": "acme", "svc": "x", "scopes": ["admin:all"], "exp": 2_000_000_000u64});
-        let t = sign_typed(SERVICE_TYP, unknown.to_string().as_bytes(), b"s");
+        let t = sign_typed(SERVICE_TYP, None, &unknown, b"s");
         assert!(matches!(verify_service_at(&t, b"s", 0), Err(AuthError::Claims(_))));
         let with_iat = serde_json::json!({"tid": "acme", "svc": "x", "scopes": [], "exp": 2_000_000_000u64, "iat": 1});
-        let t = sign_typed(SERVICE_TYP, with_iat.to_string().as_bytes(), b"s");
-        assert!(verify_service_at(&t, b"s", 0).is_ok(), "claims JWT libraries add are ignored");
+        let t = sign_typed(SERVICE_TYP, None, &with_iat, b"s");
+        assert!(verify_service_at(&t, b"s", 1_900_000_000).is_ok(), "claims JWT libraries add are ignored");
     }
 
     #[test]

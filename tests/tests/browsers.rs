@@ -21,8 +21,14 @@ const PAGE: &str = "https://chat.example.com";
 /// A web device's token of `tenant`, valid for `secs` more seconds.
 fn token(tenant: &str, user: &str, device: &str, secs: i64) -> String {
     let exp = (now_ms() / 1000) as i64 + secs;
-    let claims =
-        Claims { tid: tenant.into(), sub: user.into(), dev: device.into(), plat: Platform::Web, exp: exp as u64 };
+    let claims = Claims {
+        tid: tenant.into(),
+        sub: user.into(),
+        dev: device.into(),
+        plat: Platform::Web,
+        exp: exp as u64,
+        iat: None,
+    };
     sign(&claims, SECRET.as_bytes())
 }
 
@@ -164,6 +170,7 @@ async fn refresh_moves_the_session_expiry_for_the_same_device_only() {
             dev: "web-1".into(),
             plat: Platform::Ios,
             exp: now_ms() / 1000 + 3600,
+            iat: None,
         },
         SECRET.as_bytes(),
     );

@@ -180,6 +180,7 @@ async fn websocket_refusals_and_protocol_errors() {
             dev: "d".into(),
             plat: herald_shared::auth::Platform::Web,
             exp: 1,
+            iat: None,
         },
         herald_tests::SECRET.as_bytes(),
     );

@@ -103,3 +103,45 @@ async fn a_timed_probe_fails_when_messages_do_not_get_through() {
     assert!(!ok, "nothing is committed without a worker, so nothing arrives:\n{log}");
     assert!(log.contains("received 0 and 0") && log.contains("lost 0,"), "unacknowledged is not lost:\n{log}");
 }
+
+/// The probe and `helm test` run with two tokens of the probe tenant (a narrow
+/// credential), not with the key that signs every tenant's tokens; tokens of two
+/// tenants, or only one token, are refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_runs_with_its_narrow_tokens_and_no_secret() {
+    let mut c = Cluster::new("probe-tokens");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let gw = c.gateways[0].base_url();
+    let mint = |tenant: &str, user: &str| {
+        let out = std::process::Command::new(bin("herald-loadtest"))
+            .args(["token", "--tenant", tenant, "--user", user, "--device", "probe", "--platform", "probe"])
+            .args(["--ttl-s", "600", "--secret", SECRET])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let run = |a: String, b: Option<String>| {
+        let mut cmd = tokio::process::Command::new(bin("herald-loadtest"));
+        cmd.args(["probe", "--gateways", &gw, "--interval-ms", "100", "--loss-after-ms", "5000"])
+            .args(["--duration", "3", "--fail-on-loss", "--listen", "127.0.0.1:0"])
+            .env_remove("HERALD_JWT_SECRET")
+            .env("PROBE_TOKEN_A", a)
+            .kill_on_drop(true);
+        if let Some(b) = b {
+            cmd.env("PROBE_TOKEN_B", b);
+        }
+        async move {
+            let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.unwrap().unwrap();
+            (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    };
+    let (ok, log) = run(mint("probe", "canary-a"), Some(mint("probe", "canary-b"))).await;
+    assert!(ok, "the probe passes with its two tokens:\n{log}");
+    assert!(log.contains("lost 0, duplicated or reordered 0"), "{log}");
+    let (ok, log) = run(mint("probe", "canary-a"), Some(mint("acme", "canary-b"))).await;
+    assert!(!ok && log.contains("two users of one tenant"), "{log}");
+    let (ok, log) = run(mint("probe", "canary-a"), None).await;
+    assert!(!ok && log.contains("or neither"), "{log}");
+}

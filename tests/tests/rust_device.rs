@@ -142,6 +142,7 @@ fn short_token(device: &str, secs: u64) -> String {
         dev: device.into(),
         plat: Platform::Web,
         exp: now_ms() / 1000 + secs,
+        iat: None,
     };
     sign(&claims, SECRET.as_bytes())
 }

@@ -70,7 +70,8 @@ impl Who {
             Who::Expired => now_ms() / 1000 - 10,
             _ => now_ms() / 1000 + 3600,
         };
-        let claims = Claims { tid: tid.into(), sub: sub.into(), dev: "sec-dev".into(), plat: Platform::Web, exp };
+        let claims =
+            Claims { tid: tid.into(), sub: sub.into(), dev: "sec-dev".into(), plat: Platform::Web, exp, iat: None };
         let secret = if self == Who::BadSignature { "another-secret-0123456789" } else { SECRET };
         sign(&claims, secret.as_bytes())
     }

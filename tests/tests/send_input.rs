@@ -36,6 +36,7 @@ async fn bad_input_gets_protocol_errors_and_stores_nothing() {
             dev: "a1".into(),
             plat: herald_shared::auth::Platform::Ios,
             exp: 1_000,
+            iat: None,
         },
         herald_tests::SECRET.as_bytes(),
     );

@@ -127,6 +127,7 @@ async fn a_device_token_is_refused_by_the_server_api_and_a_service_token_by_the_
         dev: "d1".into(),
         plat: Platform::Server,
         exp: u64::MAX / 2,
+        iat: None,
     };
     let as_service = HttpClient::new(c.gateways[0].base_url(), sign(&device, SERVICE_SECRET.as_bytes()));
     let (status, body) =

@@ -20,6 +20,7 @@ fn token_expiring_in(user: &str, device: &str, secs: u64) -> String {
         dev: device.into(),
         plat: Platform::Web,
         exp: now_ms() / 1000 + secs,
+        iat: None,
     };
     sign(&claims, SECRET.as_bytes())
 }

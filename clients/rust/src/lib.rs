@@ -22,7 +22,13 @@ pub use ws::{WsClient, WsEvent};
 
 /// Mints a token for a device, valid for a day.
 pub fn token(secret: &str, tenant: &str, user: &str, device: &str, plat: Platform) -> String {
-    let claims =
-        Claims { tid: tenant.into(), sub: user.into(), dev: device.into(), plat, exp: now_ms() / 1000 + 86_400 };
+    let claims = Claims {
+        tid: tenant.into(),
+        sub: user.into(),
+        dev: device.into(),
+        plat,
+        exp: now_ms() / 1000 + 86_400,
+        iat: Some(now_ms() / 1000),
+    };
     sign(&claims, secret.as_bytes())
 }

@@ -1,10 +1,12 @@
 // The HTTP API (docs/protocol.md section 2), typed: conversations, members, titles,
 // roles, recalls and edits, history, sync, reads, device registration and logout.
 // `429 rate_limited` is retried after its `Retry-After`; a recall or edit is retried
-// with its cmid while the server is `unavailable`; every other error is thrown as an
-// [`ApiError`] with the protocol's code.
+// with its cmid while the server is `unavailable`; a `401` is retried once with a new
+// token; a request not answered within `timeoutMs` is `unavailable`; every other error
+// is thrown as an [`ApiError`] with the protocol's code.
 
 import type { MessageId } from "./ids.js";
+import { TokenKeeper, type Logger, type TokenSource } from "./tokens.js";
 import { newCmid } from "./outbox.js";
 import type { ErrorCode, MemberRole, WireMessage } from "./protocol.js";
 
@@ -63,8 +65,17 @@ export class ApiError extends Error {
 export interface ApiOptions {
   /** The gateway: `https://chat.example.com`. */
   url: string;
-  /** A token, or a function returning a fresh one (called per request). */
-  token: string | (() => string | Promise<string>);
+  /**
+   * A token, a function returning a fresh one, or a `TokenKeeper` shared with other
+   * clients. The function is called only when no token is held, the one held is near
+   * its `exp`, or a request was refused with 401 (then retried once with the new one);
+   * not per request.
+   */
+  token: TokenSource | TokenKeeper;
+  /** A request not answered this long is aborted with `ApiError` `unavailable` (default 15 000 ms). */
+  timeoutMs?: number;
+  /** A debug hook: token calls, retries after 401, timeouts. */
+  debug?: Logger;
   /** `fetch` (default: the global one). */
   fetch?: typeof globalThis.fetch;
   /** How many times a `429` is retried after its `Retry-After` (default 3). */
@@ -77,10 +88,12 @@ export type PushPlatform = "apns" | "apns_sandbox" | "fcm" | "hms" | "webpush";
 export class HeraldApi {
   private readonly base: string;
   private readonly fetch: typeof globalThis.fetch;
+  private readonly tokens: TokenKeeper;
 
   constructor(private readonly o: ApiOptions) {
     this.base = o.url.replace(/^ws/, "http").replace(/\/+$/, "");
     this.fetch = o.fetch ?? globalThis.fetch.bind(globalThis);
+    this.tokens = o.token instanceof TokenKeeper ? o.token : new TokenKeeper(o.token, { log: o.debug });
   }
 
   registerDevice(): Promise<{ tenant: string; user: string; device: string; platform: string }> {
@@ -176,15 +189,41 @@ export class HeraldApi {
     }
   }
 
+  private async fetchWithin(url: string, init: RequestInit): Promise<Response> {
+    const timeoutMs = this.o.timeoutMs ?? 15_000;
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), timeoutMs);
+    try {
+      return await this.fetch(url, { ...init, signal: abort.signal });
+    } catch (e) {
+      if (abort.signal.aborted) {
+        this.o.debug?.("api.timeout", { url, timeoutMs });
+        throw new ApiError(0, "unavailable", `no answer within ${timeoutMs} ms`);
+      }
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
   private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
     const retries = this.o.maxRetries ?? 3;
+    let renewed = false;
     for (let attempt = 0; ; attempt++) {
-      const token = typeof this.o.token === "string" ? this.o.token : await this.o.token();
-      const r = await this.fetch(`${this.base}${path}`, {
+      const token = await this.tokens.get("connect");
+      const r = await this.fetchWithin(`${this.base}${path}`, {
         method,
         headers: { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "content-type": "application/json" }) },
         body: body === undefined ? undefined : JSON.stringify(body),
       });
+      if (r.status === 401 && !renewed && this.tokens.renewable) {
+        // The token held was refused (expired early, revoked): once more with a new one.
+        renewed = true;
+        this.tokens.refused();
+        this.o.debug?.("api.unauthorized_retry", { method, path });
+        await this.tokens.get("expired");
+        continue;
+      }
       if (r.status === 429 && attempt < retries) {
         const secs = Number(r.headers.get("retry-after"));
         await new Promise((resolve) => setTimeout(resolve, (Number.isFinite(secs) && secs > 0 ? secs : 1) * 1000));

@@ -18,6 +18,7 @@ import { Timelines } from "./timeline.js";
 import { UnreadCounts } from "./unread.js";
 import type { ConversationItem } from "./api.js";
 import { DEFAULTS, type ConnectionState, type HeraldEvents, type HeraldOptions, type Message, type StateChange, type TokenReason, type WebSocketFactory, type WebSocketLike } from "./options.js";
+import { LoggedOut, TokenKeeper, TokenUnavailable, type Logger } from "./tokens.js";
 
 export type { ConnectionState, HeraldEvents, HeraldOptions, Message, StateChange, TokenReason, WebSocketFactory, WebSocketLike };
 
@@ -41,7 +42,9 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   private readonly presences = new Map<string, Presence>();
   /** The users followed: sent again in every session, which starts following no one. */
   private followed: string[] = [];
-  private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket" | "browser">> & { WebSocket: WebSocketFactory };
+  private readonly o: Required<Omit<HeraldOptions, "outboxStorage" | "backoff" | "WebSocket" | "browser" | "debug">> & { WebSocket: WebSocketFactory };
+  private readonly tokens: TokenKeeper;
+  private readonly log: Logger;
   private readonly unwatch: () => void;
   private hints: Hints = {};
   private needNewToken = false;
@@ -66,6 +69,15 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     if (!WS) throw new Error("no WebSocket: pass options.WebSocket (in Node, the `ws` package)");
     this.o = { ...DEFAULTS, ...options, WebSocket: WS };
     this.backoff = new Backoff(options.backoff);
+    this.log = options.debug ?? (() => {});
+    this.tokens =
+      options.token instanceof TokenKeeper
+        ? options.token
+        : new TokenKeeper(options.token, {
+            renewBeforeMs: this.o.refreshBeforeMs,
+            log: options.debug,
+            backoff: { random: options.backoff?.random },
+          });
     this.seen = new SeenIds(this.o.dedupCapacity);
     this.acked = new SeenIds(this.o.dedupCapacity);
     this.outbox = new Outbox(options.outboxStorage, this.o.sendTimeoutMs);
@@ -190,17 +202,33 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     this.emit("state", { state, previous, ...extra });
   }
 
-  private async token(reason: TokenReason): Promise<string> {
-    const t = this.o.token;
-    return typeof t === "string" ? t : await t(reason);
+  /** How often the token function was called. */
+  get tokenCalls(): number {
+    return this.tokens.calls;
+  }
+
+  /** The token function failed or said "logged out": the app hears of it; a logout closes. */
+  private tokenFailed(error: unknown): void {
+    if (error instanceof LoggedOut) {
+      this.emit("token_error", { error });
+      const ws = this.ws;
+      this.endSession();
+      ws?.close(1000, "logged out");
+      this.setState("closed", { reason: "logged_out" });
+    } else if (error instanceof TokenUnavailable) {
+      this.emit("token_error", { error });
+    }
   }
 
   private async open(): Promise<void> {
     this.setState("connecting");
     let token: string;
     try {
-      token = await this.token(this.needNewToken ? "expired" : "connect");
-    } catch {
+      if (this.needNewToken) this.tokens.refused();
+      token = await this.tokens.get(this.needNewToken ? "expired" : "connect");
+    } catch (e) {
+      this.tokenFailed(e);
+      if ((this.stateNow as ConnectionState) === "closed") return;
       return this.sessionEnded(null);
     }
     if ((this.stateNow as ConnectionState) === "closed") return;
@@ -245,7 +273,8 @@ export class HeraldClient extends Emitter<HeraldEvents> {
     if (this.stateNow === "closed") return;
     const hints = this.hints;
     this.endSession();
-    const d = onSessionEnd(code, hints, this.backoff, typeof this.o.token === "function");
+    const d = onSessionEnd(code, hints, this.backoff, this.tokens.renewable);
+    this.log("session.ended", { code, decision: d });
     if (d.kind === "stop") {
       this.setState("closed", { code: code ?? undefined, reason: d.reason });
       return;
@@ -299,16 +328,17 @@ export class HeraldClient extends Emitter<HeraldEvents> {
   private async refresh(): Promise<void> {
     this.refreshAt = null;
     try {
-      const token = await this.token("refresh");
+      const token = await this.tokens.renew("refresh");
       if (this.write({ t: "refresh", token, ref: "refresh" })) this.tokenNow = token;
       this.scheduleRefresh();
-    } catch {
-      // The session ends at `exp` (4001) and the next connection asks again.
+    } catch (e) {
+      // Unavailable: the session ends at `exp` (4001) and the next connection asks again.
+      this.tokenFailed(e);
     }
   }
 
   private scheduleRefresh(): void {
-    const exp = this.tokenNow && typeof this.o.token === "function" ? tokenExpiry(this.tokenNow) : null;
+    const exp = this.tokenNow && this.tokens.renewable ? tokenExpiry(this.tokenNow) : null;
     this.refreshAt = exp === null ? null : Math.max(Date.now() + 1_000, exp * 1000 - this.o.refreshBeforeMs);
   }
 

@@ -11,6 +11,7 @@ export { Close, SUBPROTOCOL, parseServerFrame, sessionUrl, tokenExpiry, tokenUse
 export { TypingIndicators, TypingSender, TYPING_RENEW_MS, type Presence } from "./presence.js";
 export { Screens, bodyText, lineText, type ScreenLine } from "./screen.js";
 export { onSessionEnd, type Decision, type Hints } from "./reconnect.js";
+export { LoggedOut, TokenKeeper, TokenUnavailable, type Logger, type TokenKeeperOptions, type TokenSource } from "./tokens.js";
 export { Timelines, type Gap } from "./timeline.js";
 export { UnreadCounts } from "./unread.js";
 export { DeliveryStatuses, type DeliveryState, type MessageStatus } from "./status.js";

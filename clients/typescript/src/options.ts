@@ -6,6 +6,9 @@ import type { OutboxStorage, SendResult } from "./outbox.js";
 import type { Presence } from "./presence.js";
 import type { WireMessage } from "./protocol.js";
 import type { MessageStatus } from "./status.js";
+import type { LoggedOut, Logger, TokenKeeper, TokenReason, TokenSource, TokenUnavailable } from "./tokens.js";
+
+export type { Logger, TokenReason, TokenSource };
 
 export type ConnectionState = "disconnected" | "connecting" | "connected" | "closed";
 
@@ -20,17 +23,23 @@ export interface WebSocketLike {
 }
 export type WebSocketFactory = new (url: string, protocols?: string | string[]) => WebSocketLike;
 
-/** Why the app is asked for a token. */
-export type TokenReason = "connect" | "expired" | "refresh";
-
 export interface HeraldOptions {
   /**
    * The gateway: `https://chat.example.com` (or `http://`, `ws://`, `wss://`). Several:
    * each connection after a lost one tries the next (a load balancer usually does this).
    */
   url: string | string[];
-  /** A token, or a function returning a fresh one (called per connection, after 4001, and before `exp`). */
-  token: string | ((reason: TokenReason) => string | Promise<string>);
+  /**
+   * A token, or a function returning a fresh one. It is called only when no token is
+   * held, the one held is within `refreshBeforeMs` of its `exp`, or the server refused
+   * it (4001, 4004): not per reconnect. A call that throws is retried with jittered
+   * backoff, then reported as `token_error` (`TokenUnavailable`). Returning `null`
+   * means the user is logged out: the client closes (`logged_out`) and says so. A
+   * `TokenKeeper` shared with a `HeraldApi` makes both use one token.
+   */
+  token: TokenSource | TokenKeeper;
+  /** A debug hook: token calls and retries, reconnect decisions, with details. */
+  debug?: Logger;
   /** The WebSocket class (default: the global one; in Node pass `ws`'s). */
   WebSocket?: WebSocketFactory;
   /** Ack each message when it arrives (default). False: the app calls `msg.ack()` once it stored it. */
@@ -81,7 +90,7 @@ export interface StateChange {
   previous: ConnectionState;
   /** The close code that ended the session, when one did. */
   code?: number;
-  /** Why the client stopped (`closed`): `replaced`, `protocol`, `unauthorized` or `closed` by the app. */
+  /** Why the client stopped (`closed`): `replaced`, `protocol`, `unauthorized`, `revoked`, `logged_out` or `closed` by the app. */
   reason?: string;
 }
 
@@ -99,6 +108,8 @@ export interface HeraldEvents {
   typing: { conv: string; users: string[] };
   /** A followed user's presence, as the server told it (with `typingAndPresence`, see `followPresence`). */
   presence: Presence;
+  /** The token function failed after its retries (`TokenUnavailable`), or said the user is logged out (`LoggedOut`). */
+  token_error: { error: TokenUnavailable | LoggedOut };
   /** A server `error` not answered through a promise (acks, reads, refused refreshes, ...). */
   error: { code: string; message: string; ref?: string | null };
 }

@@ -13,6 +13,8 @@ export const Close = {
   Unauthorized: 4001,
   Replaced: 4002,
   Draining: 4003,
+  /** The token was revoked (the user or device was disconnected by the server API): do not reuse it. */
+  Revoked: 4004,
   Policy: 4008,
   Protocol: 4009,
   InternalError: 1011,

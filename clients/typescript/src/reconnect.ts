@@ -17,7 +17,7 @@ export type Decision =
   /** Reconnect after `delayMs`; `newToken`: ask the app for a new token first. */
   | { kind: "reconnect"; delayMs: number; newToken: boolean }
   /** Do not reconnect: the app must act (`replaced`: another session of this device is live, or it logged out). */
-  | { kind: "stop"; reason: "replaced" | "protocol" | "unauthorized" };
+  | { kind: "stop"; reason: "replaced" | "protocol" | "unauthorized" | "revoked" };
 
 /**
  * `code`: the close code, or null when the session was lost without one (the network,
@@ -32,6 +32,9 @@ export function onSessionEnd(code: number | null, hints: Hints, backoff: Backoff
       return { kind: "stop", reason: "protocol" };
     case Close.Unauthorized:
       return canRenewToken ? { kind: "reconnect", delayMs: backoff.next(), newToken: true } : { kind: "stop", reason: "unauthorized" };
+    case Close.Revoked:
+      // The same token would be refused: only a new one may reconnect.
+      return canRenewToken ? { kind: "reconnect", delayMs: backoff.next(), newToken: true } : { kind: "stop", reason: "revoked" };
     case Close.Draining:
       return { kind: "reconnect", delayMs: hints.reconnectAfterMs ?? backoff.next(), newToken: false };
     case Close.Policy:

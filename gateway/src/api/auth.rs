@@ -3,10 +3,11 @@
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
-use herald_shared::auth::{verify, Claims};
+use herald_shared::auth::Claims;
 use herald_shared::error::ErrorCode;
 
 use crate::error::ApiError;
+use crate::identity::DeviceRefusal;
 use crate::state::AppState;
 
 /// The authenticated device making the request.
@@ -21,13 +22,20 @@ pub fn token_of(parts: &Parts) -> Option<String> {
     parts.uri.query()?.split('&').find_map(|kv| kv.strip_prefix("access_token=").map(str::to_owned))
 }
 
+/// A refused token is 401; revocations that could not be read, 503 (retry).
+pub fn refusal(e: DeviceRefusal) -> ApiError {
+    match e {
+        DeviceRefusal::Token(e) => ApiError::new(ErrorCode::Unauthorized, e.to_string()),
+        DeviceRefusal::Unavailable(e) => ApiError::new(ErrorCode::Unavailable, e.to_string()),
+    }
+}
+
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let token = token_of(parts).ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "missing bearer token"))?;
-        let claims = verify(&token, state.cfg.jwt_secret.0.as_bytes())
-            .map_err(|e| ApiError::new(ErrorCode::Unauthorized, e.to_string()))?;
+        let claims = state.sessions.identity.device(&token).await.map_err(refusal)?;
         state.devices.register(&claims).await?;
         Ok(Caller(claims))
     }

@@ -60,12 +60,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/presence", get(presence::query))
         .route("/v1/server/messages", post(server::messages::send))
         .route("/v1/server/conversations", post(server::conversations::create).layer(members_limit()))
+        .route("/v1/server/conversations/{id}", get(server::conversations::get))
         .route(
             "/v1/server/conversations/{id}/members",
             post(server::conversations::change_members).layer(members_limit()),
         )
         .route("/v1/server/conversations/{id}/title", post(server::conversations::change_title))
         .route("/v1/server/conversations/{id}/roles", post(server::conversations::change_role))
+        .route("/v1/server/sessions/disconnect", post(server::sessions::disconnect))
+        .route("/v1/server/sessions/revoke", post(server::sessions::revoke_user))
         .layer(axum::middleware::from_fn_with_state(deadline, within_deadline));
     let router = Router::new()
         .merge(bounded)

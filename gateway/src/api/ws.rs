@@ -15,13 +15,14 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::response::Response;
 use futures::FutureExt;
-use herald_shared::auth::{verify, Claims};
+use herald_shared::auth::Claims;
 use herald_shared::error::ErrorCode;
 use herald_shared::keys::DeviceKey;
 use herald_shared::protocol::{ClientFrame, CloseCode, ErrorFrame, ServerFrame, SUBPROTOCOL};
 use tracing::Instrument;
 
 use crate::api::auth::token_of;
+use crate::identity::DeviceRefusal;
 use crate::limits::{ConnectionPermit, ConnectionRefused};
 use crate::session::presence::draw_epoch;
 use crate::session::{Admission, Features, Session};
@@ -47,6 +48,17 @@ struct Refusal {
 impl Refusal {
     fn unauthorized(reason: String) -> Refusal {
         Refusal { error: None, code: CloseCode::Unauthorized, reason }
+    }
+
+    /// A refused token: 4001. Revocations that could not be read: 1013, try again.
+    fn of(e: DeviceRefusal) -> Refusal {
+        match e {
+            DeviceRefusal::Token(e) => Refusal::unauthorized(e.to_string()),
+            DeviceRefusal::Unavailable(e) => {
+                let error = ErrorFrame::new(ErrorCode::Unavailable, e.to_string());
+                Refusal { error: Some(error), code: CloseCode::TryAgainLater, reason: "unavailable; retry".into() }
+            }
+        }
     }
 
     /// Accepted only to say why, then closed (browsers cannot read a refused handshake).
@@ -86,9 +98,9 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
         // The token comes as the first frame; nothing is charged until it is valid.
         return ws.on_upgrade(move |socket| tracker.track_future(authenticate_then_serve(state, ip, features, socket)));
     };
-    let admitted = match verify(&token, state.cfg.jwt_secret.0.as_bytes()) {
+    let admitted = match state.sessions.identity.device(&token).await {
         Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
-        Err(e) => Err(Refusal::unauthorized(e.to_string())),
+        Err(e) => Err(Refusal::of(e)),
     };
     match admitted {
         Ok((claims, admitted)) => {
@@ -101,15 +113,14 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
 /// A session opened without a token: its first frame must be `auth` with a valid one.
 async fn authenticate_then_serve(state: AppState, ip: Option<IpAddr>, features: Features, mut socket: WebSocket) {
     let deadline = Duration::from_millis(state.cfg.gateway.handshake_timeout_ms);
-    let secret = state.cfg.jwt_secret.0.clone();
     let claims = match tokio::time::timeout(deadline, first_frame_token(&mut socket)).await {
-        Ok(Ok(token)) => verify(&token, secret.as_bytes()).map_err(|e| e.to_string()),
-        Ok(Err(reason)) => Err(reason),
-        Err(_) => Err("missing token: no auth frame in time".into()),
+        Ok(Ok(token)) => state.sessions.identity.device(&token).await.map_err(Refusal::of),
+        Ok(Err(reason)) => Err(Refusal::unauthorized(reason)),
+        Err(_) => Err(Refusal::unauthorized("missing token: no auth frame in time".into())),
     };
     let admitted = match claims {
         Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
-        Err(reason) => Err(Refusal::unauthorized(reason)),
+        Err(refusal) => Err(refusal),
     };
     match admitted {
         Ok((claims, admitted)) => serve(state, ip, claims, admitted, features, socket).await,

@@ -84,6 +84,8 @@ use status::{DeliveredMarks, StatusThrottle};
 #[derive(Clone, Debug)]
 pub struct SessionEnv {
     pub cfg: Arc<Config>,
+    /// Tokens' keys and revocations (`refresh`).
+    pub identity: Arc<crate::identity::Identity>,
     /// Devices registered in MySQL (a device found logged out at its start is
     /// registered again).
     pub devices: DeviceRegistry,
@@ -338,13 +340,22 @@ where
                 let epoch = self.presence.epoch();
                 directory.register(self.device.clone(), self.id.clone(), epoch, g.realtime_queue, g.ephemeral_queue)
             };
-            let end = match Box::pin(self.start()).await {
-                Ok(()) => self.event_loop(&mailbox).await,
-                Err(SessionError::Recovery(RecoveryError::Unregistered)) => End::Close(CloseCode::Replaced, LOGGED_OUT),
-                Err(SessionError::Superseded) => End::Close(CloseCode::Replaced, REPLACED),
-                Err(e) => {
-                    tracing::warn!(error = %e, "session start failed");
-                    End::Close(CloseCode::InternalError, "dependency unavailable")
+            // A revocation announced between the token's check and the registration
+            // just above found no session here to close: look again.
+            let revoked = Box::pin(token::revoked_meanwhile(self.env.identity.clone(), self.claims.clone())).await;
+            let end = if revoked {
+                End::Close(CloseCode::Revoked, token::REVOKED)
+            } else {
+                match Box::pin(self.start()).await {
+                    Ok(()) => self.event_loop(&mailbox).await,
+                    Err(SessionError::Recovery(RecoveryError::Unregistered)) => {
+                        End::Close(CloseCode::Replaced, LOGGED_OUT)
+                    }
+                    Err(SessionError::Superseded) => End::Close(CloseCode::Replaced, REPLACED),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "session start failed");
+                        End::Close(CloseCode::InternalError, "dependency unavailable")
+                    }
                 }
             };
             Box::pin(self.finish(end, &directory)).await
@@ -398,6 +409,7 @@ where
     async fn on_control(&mut self, c: Control) -> Flow {
         match c {
             Control::Replaced => ControlFlow::Break(End::Close(CloseCode::Replaced, REPLACED)),
+            Control::Revoked(not_before) => self.on_revoked(not_before),
             Control::Read(position) => {
                 self.show_read(position).await;
                 self.ping().await;

@@ -110,8 +110,14 @@ async fn fixture(device: &str) -> Fixture {
     // Never connected: this session's pending set is trusted, so MySQL is not asked.
     let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
     let epoch = "e1".to_string();
-    let claims =
-        Claims { tid: "t".into(), sub: "u".into(), dev: device.into(), plat: Platform::Desktop, exp: u64::MAX };
+    let claims = Claims {
+        tid: "t".into(),
+        sub: "u".into(),
+        dev: device.into(),
+        plat: Platform::Desktop,
+        exp: u64::MAX,
+        iat: None,
+    };
     let _: i64 = redis.hset(keys.devices("t", "u"), (epoch_marker(device), epoch.as_str())).await.unwrap();
     let (marks, _flusher) = crate::watermarks::channel(db.clone());
     let (leftover_acks, _retrier) = crate::acks::channel(pool.clone());
@@ -135,7 +141,12 @@ async fn fixture(device: &str) -> Fixture {
         Duration::from_secs(60),
         Duration::from_secs(3_600),
     );
+    let identity = Arc::new(crate::identity::Identity::new(
+        herald_shared::identity::KeySet::default(),
+        crate::identity::Revocations::new(pool.clone(), keys.clone(), 60),
+    ));
     let env = Arc::new(SessionEnv {
+        identity,
         devices,
         roster,
         typing,

@@ -5,12 +5,15 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use futures::{Sink, Stream};
-use herald_shared::auth::{verify, Claims};
+use herald_shared::auth::Claims;
 use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{ErrorFrame, Refreshed, TokenFrame};
 use tokio::time::Instant;
 
-use super::{Flow, Session};
+use super::{End, Flow, Session};
+use crate::identity::{revoked_by, DeviceRefusal, Identity};
+use herald_shared::protocol::CloseCode;
+use std::sync::Arc;
 
 /// When a token whose `exp` is `exp` (seconds) stops being valid, on the session's clock.
 pub(super) fn expiry(exp: u64) -> Instant {
@@ -33,14 +36,16 @@ where
     /// old `exp`); the client may try again with another token.
     pub(super) async fn on_refresh(&mut self, f: TokenFrame) -> Flow {
         let refused = |code, message: String| ErrorFrame::new(code, message).with_ref(f.reference.clone());
-        let answer = match verify(&f.token, self.env.cfg.jwt_secret.0.as_bytes()) {
-            Err(e) => refused(ErrorCode::Unauthorized, e.to_string()).into(),
+        let answer = match self.env.identity.device(&f.token).await {
+            Err(DeviceRefusal::Token(e)) => refused(ErrorCode::Unauthorized, e.to_string()).into(),
+            Err(DeviceRefusal::Unavailable(e)) => refused(ErrorCode::Unavailable, e.to_string()).into(),
             Ok(c) if !same_device(&self.claims, &c) => {
                 refused(ErrorCode::Forbidden, "the token is for another tenant, user, device or platform".into()).into()
             }
             Ok(c) => {
                 self.expires = expiry(c.exp);
                 self.claims.exp = c.exp;
+                self.claims.iat = c.iat;
                 Refreshed { exp: c.exp, reference: f.reference }.into()
             }
         };
@@ -49,6 +54,38 @@ where
         ControlFlow::Continue(())
     }
 }
+
+impl<S, E> Session<S>
+where
+    S: Stream<Item = Result<axum::extract::ws::Message, E>> + Sink<axum::extract::ws::Message> + Unpin + Send,
+{
+    /// A revocation of this session's user or device: the session ends (4004) if its
+    /// token was issued before `not_before` (or says not when), else it goes on (its
+    /// token is newer: a client that reconnected, or refreshed, with a new one).
+    pub(super) fn on_revoked(&mut self, not_before: u64) -> Flow {
+        if !revoked_by(&self.claims, not_before) {
+            return ControlFlow::Continue(());
+        }
+        metrics::counter!("herald_sessions_revoked_total").increment(1);
+        ControlFlow::Break(End::Close(CloseCode::Revoked, REVOKED))
+    }
+}
+
+/// Whether the session's token `c` was revoked after it was checked (a read of the
+/// revocations cache, filled by that check moments ago). Unknown counts as no: the
+/// token was valid a moment ago, and a revocation still reaches the session by its
+/// announcement. Owned arguments: the session (its socket) is not `Sync`.
+pub(super) async fn revoked_meanwhile(identity: Arc<Identity>, c: Claims) -> bool {
+    let nbf = identity.revocations.not_before(&c.tid, &c.sub, &c.dev).await;
+    let revoked = nbf.ok().flatten().is_some_and(|nbf| revoked_by(&c, nbf));
+    if revoked {
+        metrics::counter!("herald_sessions_revoked_total").increment(1);
+    }
+    revoked
+}
+
+/// The close reason of a revoked session.
+pub(super) const REVOKED: &str = "token revoked; do not reconnect with it";
 
 fn outcome(answer: &herald_shared::protocol::ServerFrame) -> &'static str {
     match answer {
@@ -64,7 +101,7 @@ mod tests {
 
     #[test]
     fn only_a_token_of_the_same_device_and_platform_refreshes() {
-        let c = Claims { tid: "t".into(), sub: "u".into(), dev: "d".into(), plat: Platform::Web, exp: 1 };
+        let c = Claims { tid: "t".into(), sub: "u".into(), dev: "d".into(), plat: Platform::Web, exp: 1, iat: None };
         assert!(same_device(&c, &Claims { exp: 99, ..c.clone() }));
         assert!(!same_device(&c, &Claims { tid: "t2".into(), ..c.clone() }));
         assert!(!same_device(&c, &Claims { sub: "u2".into(), ..c.clone() }));

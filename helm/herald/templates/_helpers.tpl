@@ -102,7 +102,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "herald.readers" -}}
 {{- $parts := splitList "__" . -}}
 {{- $section := ternary (first $parts) "" (gt (len $parts) 1) -}}
-{{- if or (eq $section "GATEWAY") (has . (list "SERVICE_SECRET" "LISTEN")) -}}
+{{- if or (has $section (list "GATEWAY" "AUTH")) (has . (list "SERVICE_SECRET" "LISTEN")) -}}
 gateway
 {{- else if and (eq $section "WORKER") (eq (last $parts) "PENDING_CAP") -}}
 {{- /* The deprecated name of delivery.pending_cap, which both read. */ -}}
@@ -447,3 +447,31 @@ template:
       {{- . | nindent 6 }}
     {{- end }}
 {{- end -}}
+
+{{/*
+The probe's credentials: the two probe accounts' tokens from probe.tokensSecret (keys
+`<prefix>token-a`, `<prefix>token-b`; the test's accounts are other accounts than the
+probe's), acting in the probe tenant only; else the JWT secret. Call with (dict "ctx" .
+"prefix" "" or "test-").
+*/}}
+{{- define "herald.probeCredentials" -}}
+{{- $v := .ctx.Values -}}
+{{- if $v.probe.tokensSecret }}
+- name: PROBE_TOKEN_A
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.probe.tokensSecret }}
+      key: {{ .prefix }}token-a
+- name: PROBE_TOKEN_B
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.probe.tokensSecret }}
+      key: {{ .prefix }}token-b
+{{- else }}
+- name: HERALD_JWT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "herald.secretName" .ctx }}
+      key: jwt-secret
+{{- end }}
+{{- end }}

@@ -4,15 +4,17 @@
 use std::fmt;
 
 use clap::Args;
+use herald_shared::auth::{sign_typed, SERVICE_TYP};
 use herald_shared::ids::now_ms;
-use herald_shared::service_token::{sign_service, Scope, ServiceClaims};
+use herald_shared::service_token::{Scope, ServiceClaims};
 
 #[derive(Debug, Args)]
 pub struct ServiceToken {
     /// The service's name ([a-z0-9_-]{1,32}); its sends come from device `service:<name>`.
     #[arg(long)]
     pub service: String,
-    /// A scope the token grants: messages:send or conversations:write (repeat for both).
+    /// A scope the token grants: messages:send, conversations:write, conversations:read
+    /// or sessions:revoke (repeat for several).
     #[arg(long = "scope", value_name = "SCOPE", required = true, value_parser = scope)]
     pub scopes: Vec<Scope>,
     #[arg(long, default_value = "acme")]
@@ -20,6 +22,9 @@ pub struct ServiceToken {
     /// How long the token is valid, in seconds.
     #[arg(long, default_value_t = 86_400)]
     pub ttl_s: u64,
+    /// The `kid` of the key (a trust file's service key with a `kid`); none by default.
+    #[arg(long)]
+    pub kid: Option<String>,
     /// HS256 secret of service tokens [default: $HERALD_SERVICE_SECRET].
     #[arg(long = "secret", value_name = "S")]
     pub secret: Option<String>,
@@ -36,7 +41,7 @@ impl ServiceToken {
             scopes: self.scopes.clone(),
             exp: now_ms() / 1000 + self.ttl_s,
         };
-        Ok(sign_service(&claims, secret.as_bytes()))
+        Ok(sign_typed(SERVICE_TYP, self.kid.as_deref(), &claims, secret.as_bytes()))
     }
 }
 

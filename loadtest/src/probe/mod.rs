@@ -14,21 +14,23 @@
 //!
 //! # Layout
 //! - this module: the two sides and their sockets.
+//! - `accounts`: the two accounts, from narrow tokens or from the shared secret.
 //! - [`ledger`]: what is awaited and received, bounded, tested on its own.
 
+mod accounts;
 pub mod ledger;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use herald_client::{token, HttpClient, WsClient, WsEvent};
-use herald_shared::auth::Platform;
+use herald_client::{HttpClient, WsClient, WsEvent};
 use herald_shared::ids::now_ms;
 use herald_shared::protocol::{AckFrame, ClientFrame, SendFrame, ServerFrame};
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use self::accounts::accounts;
 use self::ledger::{Ledger, Receipt, Unacked};
 use crate::cli;
 
@@ -54,10 +56,9 @@ pub async fn probe(args: &cli::Probe) -> Result<()> {
     }
     let gateways = args.gateways.urls.clone();
     let tls = args.gateways.tls()?;
-    let tenant = &args.tenant;
-    let secret = args.secret.get()?;
     let name = &args.name;
-    let (a, b) = (format!("{name}-a"), format!("{name}-b"));
+    let accounts = accounts(args)?;
+    let (a, b) = (accounts.a.sub.clone(), accounts.b.sub.clone());
     let plan = Plan {
         conv: format!("probe-{name}"),
         interval: Duration::from_millis(args.interval_ms),
@@ -72,18 +73,24 @@ pub async fn probe(args: &cli::Probe) -> Result<()> {
     eprintln!("probe metrics on http://{}/metrics", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let tok = |user: &str| token(&secret, tenant, user, "probe", Platform::Probe);
     let http = tls.http().timeout(Duration::from_secs(30)).build()?;
-    HttpClient::with_http(http, gateways[0].clone(), tok(&a))
+    HttpClient::with_http(http, gateways[0].clone(), accounts.a.token.clone())
         .create_conversation(Some(&plan.conv), "direct", &[&a, &b])
         .await?;
     ready.set_dependencies(true);
 
     let to_b: Arc<Mutex<Ledger>> = Arc::default();
     let to_a: Arc<Mutex<Ledger>> = Arc::default();
-    let side_a = tokio::spawn(side(gateways.clone(), tls.clone(), tok(&a), plan.clone(), to_b.clone(), to_a.clone()));
-    let side_b =
-        tokio::spawn(side(gateways[1 % gateways.len()..].to_vec(), tls, tok(&b), plan, to_a.clone(), to_b.clone()));
+    let side_a =
+        tokio::spawn(side(gateways.clone(), tls.clone(), accounts.a.token, plan.clone(), to_b.clone(), to_a.clone()));
+    let side_b = tokio::spawn(side(
+        gateways[1 % gateways.len()..].to_vec(),
+        tls,
+        accounts.b.token,
+        plan,
+        to_a.clone(),
+        to_b.clone(),
+    ));
     let faults_a = side_a.await?;
     let faults_b = side_b.await?;
     let (to_a, to_b) = (to_a.lock().expect("ledger"), to_b.lock().expect("ledger"));

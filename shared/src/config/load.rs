@@ -85,7 +85,7 @@ pub fn load(role: Role, argv: &[String], env: &dyn Env) -> Result<(Config, Cli),
     for (k, v) in &flag_sets {
         apply(&mut cfg, &mut errors, &mut cli, Origin::Flag, k, v);
     }
-    cfg.validate(&mut errors);
+    cfg.validate(role, &mut errors);
     if errors.is_empty() {
         Ok((cfg, cli))
     } else {

@@ -15,7 +15,7 @@
 //!   [`Config`] that holds every section.
 //! - `table`: the key table behind the loader and the documentation ([`keys`],
 //!   [`markdown_table`]).
-//! - `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`, `push`: one section each
+//! - `auth`, `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`, `push`: one section each
 //!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
 //! - `cidr`: IP networks ([`Cidr`]), for `gateway.trusted_proxies`.
 //! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
@@ -25,6 +25,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 
+mod auth;
 mod cidr;
 pub mod cli;
 mod delivery;
@@ -40,6 +41,7 @@ mod redis;
 mod table;
 mod worker;
 
+pub use auth::AuthConfig;
 pub use cidr::Cidr;
 pub use cli::{Cli, Deprecated};
 pub use delivery::DeliveryConfig;
@@ -93,6 +95,7 @@ pub struct Config {
     pub mysql_statement_timeout_ms: u64,
     /// Prefix of every Redis key and channel; lets clusters (and tests) share a Redis.
     pub redis_key_prefix: String,
+    /// HS256 key of device tokens for every tenant (the shared-key deployment).
     pub jwt_secret: Secret,
     /// HS256 key of service tokens (the server API); empty, that API refuses everything.
     pub service_secret: Secret,
@@ -104,6 +107,8 @@ pub struct Config {
     pub log: String,
     /// How log lines are written: text or JSON.
     pub log_format: LogFormat,
+    /// Key sets per tenant, leeway, revocation.
+    pub auth: AuthConfig,
     /// TLS of Redis connections.
     pub redis: RedisConfig,
     pub ingress: IngressConfig,
@@ -137,12 +142,17 @@ const ROOT_KEYS: &[Key] = &[
         "Longest a MySQL statement may run before the server aborts it (a stuck query frees its connection).",
     ),
     Key::new("redis_key_prefix", "hd", BOTH, "Prefix of every Redis key and channel; lets clusters share a Redis."),
-    Key::new("jwt_secret", "", BOTH, "HS256 key of client tokens; required, at least 16 bytes."),
+    Key::new(
+        "jwt_secret",
+        "",
+        BOTH,
+        "HS256 key of client tokens, trusted for every tenant (the shared-key deployment): at least 16 bytes; gateways need it unless `auth.trust_file` is set.",
+    ),
     Key::new(
         "service_secret",
         "",
         GATEWAY,
-        "HS256 key of service tokens (the server API): at least 16 bytes, not `jwt_secret`; empty, that API refuses everything.",
+        "HS256 key of service tokens (the server API), trusted for every tenant: at least 16 bytes, not `jwt_secret`; empty, only the trust file's service issuers are.",
     ),
     Key::new("listen", "127.0.0.1:8080", GATEWAY, "Address of the client API (HTTP and WebSocket)."),
     Key::described(
@@ -190,6 +200,7 @@ impl Config {
             node_id: format!("{kind}-{:08x}", rand::random::<u32>()),
             log: root_default("log"),
             log_format: root_default("log_format"),
+            auth: AuthConfig::default(),
             redis: RedisConfig::default(),
             ingress: IngressConfig::default(),
             gateway: GatewayConfig::default(),
@@ -207,6 +218,7 @@ impl Config {
         }
         match key.split_once('.') {
             None => self.set_root(key, v),
+            Some(("auth", name)) => self.auth.set(name, v),
             Some(("redis", name)) => self.redis.set(name, v),
             Some(("ingress", name)) => self.ingress.set(name, v),
             Some(("gateway", name)) => self.gateway.set(name, v),
@@ -238,10 +250,14 @@ impl Config {
     }
 
     /// Checks values that parse but make no sense together.
-    fn validate(&self, errors: &mut Vec<ConfigError>) {
+    fn validate(&self, role: Role, errors: &mut Vec<ConfigError>) {
         let mut bad = Problems(errors);
-        if self.jwt_secret.0.len() < 16 {
-            bad.push("jwt_secret", "required, at least 16 bytes (HERALD_JWT_SECRET)");
+        // Only gateways check tokens; one with a trust file may trust no shared key.
+        let trust_file = self.auth.trust_file().is_some();
+        if self.jwt_secret.0.is_empty() && !trust_file && role == Role::Gateway {
+            bad.push("jwt_secret", "required unless auth.trust_file is set (HERALD_JWT_SECRET)");
+        } else if !self.jwt_secret.0.is_empty() && self.jwt_secret.0.len() < 16 {
+            bad.push("jwt_secret", "at least 16 bytes (HERALD_JWT_SECRET)");
         }
         if !self.service_secret.0.is_empty() && self.service_secret.0.len() < 16 {
             bad.push("service_secret", "at least 16 bytes, or empty to refuse the server API");
@@ -268,6 +284,7 @@ impl Config {
         if !crate::auth::is_valid_ident(&self.node_id) || self.node_id.contains(['{', '}', '|']) {
             bad.push("node_id", "must be 1..64 printable ASCII characters without braces or `|`");
         }
+        self.auth.validate(&mut bad);
         self.redis.validate(&self.redis_url, &mut bad);
         self.ingress.validate(&mut bad);
         self.gateway.validate(&mut bad);

@@ -97,6 +97,7 @@ pub fn key_of_env(var: &str) -> Option<String> {
 pub fn keys() -> impl Iterator<Item = &'static Key> {
     [
         super::ROOT_KEYS,
+        super::AuthConfig::KEYS,
         super::RedisConfig::KEYS,
         super::IngressConfig::KEYS,
         super::GatewayConfig::KEYS,

@@ -13,6 +13,9 @@ pub enum CloseCode {
     Replaced,
     /// 4003: the server is draining (after `reconnect`).
     Draining,
+    /// 4004: the session's token was revoked (its user or device was disconnected by
+    /// the server API): do not reconnect with the same token.
+    Revoked,
     /// 4008: rate or connection limits exceeded repeatedly.
     Policy,
     /// 4009: malformed or oversized frames repeatedly.
@@ -24,11 +27,12 @@ pub enum CloseCode {
 }
 
 impl CloseCode {
-    pub const ALL: [CloseCode; 8] = [
+    pub const ALL: [CloseCode; 9] = [
         CloseCode::HeartbeatTimeout,
         CloseCode::Unauthorized,
         CloseCode::Replaced,
         CloseCode::Draining,
+        CloseCode::Revoked,
         CloseCode::Policy,
         CloseCode::Protocol,
         CloseCode::InternalError,
@@ -41,6 +45,7 @@ impl CloseCode {
             CloseCode::Unauthorized => 4001,
             CloseCode::Replaced => 4002,
             CloseCode::Draining => 4003,
+            CloseCode::Revoked => 4004,
             CloseCode::Policy => 4008,
             CloseCode::Protocol => 4009,
             CloseCode::InternalError => 1011,
@@ -55,6 +60,7 @@ impl CloseCode {
             CloseCode::Unauthorized => "unauthorized",
             CloseCode::Replaced => "replaced",
             CloseCode::Draining => "draining",
+            CloseCode::Revoked => "revoked",
             CloseCode::Policy => "policy",
             CloseCode::Protocol => "protocol",
             CloseCode::InternalError => "internal_error",

@@ -36,7 +36,7 @@ pub use close::CloseCode;
 pub use ephemeral::{PresenceState, TypingShown, TypingState};
 pub use node::{
     read_field, DeliveredEntry, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, PresenceChange,
-    ReadEntry, ReadPush, SendNotice, SendOutcome, StatusPush, TypingPush,
+    ReadEntry, ReadPush, Revocation, SendNotice, SendOutcome, StatusPush, TypingPush,
 };
 pub use server::{
     CaughtUp, DeliveryStatus, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Refreshed, Sent,

@@ -306,6 +306,22 @@ pub struct NodeEnvelope {
     /// them, so their next request registers them again. Ignored by older gateways.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logouts: Vec<crate::keys::DeviceKey>,
+    /// Users' and devices' tokens revoked, on the presence channel only: every gateway
+    /// closes the sessions of such tokens (4004). Ignored by older gateways.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revocations: Vec<Revocation>,
+}
+
+/// Tokens of a user (or of one of its devices) issued before `not_before` (seconds
+/// since the Unix epoch) are refused, and their sessions closed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Revocation {
+    pub tenant: String,
+    pub user: String,
+    /// Only this device's tokens; absent, all the user's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    pub not_before: u64,
 }
 
 /// Tells a node to close a session replaced elsewhere (close code 4002).

@@ -22,6 +22,9 @@ pub enum EndedBy {
     ProtocolErrors,
     /// 4001 with no way to get a new token: no token source, or it had none.
     Unauthorized,
+    /// 4004 with no way to get a new token: the server revoked the device's token (its
+    /// user or device was disconnected); the same token would be refused.
+    Revoked,
 }
 
 /// What the server said before a session ended that bears on the next attempt.
@@ -63,10 +66,11 @@ pub(super) fn after_session(code: Option<u16>, hints: Hints, policy: Policy, bac
     let stop = match code.and_then(CloseCode::from_code) {
         Some(CloseCode::Replaced) => stop_unless_told(EndedBy::Replaced),
         Some(CloseCode::Protocol) => stop_unless_told(EndedBy::ProtocolErrors),
-        Some(CloseCode::Unauthorized) if policy.can_renew_token => {
+        Some(CloseCode::Unauthorized | CloseCode::Revoked) if policy.can_renew_token => {
             return Next::Reconnect { after: backoff.next(), new_token: true }
         }
         Some(CloseCode::Unauthorized) => stop_unless_told(EndedBy::Unauthorized),
+        Some(CloseCode::Revoked) => stop_unless_told(EndedBy::Revoked),
         Some(CloseCode::Policy | CloseCode::TryAgainLater) => {
             return reconnect(hints.retry_after.unwrap_or_else(|| backoff.next()))
         }
@@ -127,6 +131,7 @@ mod tests {
         assert_eq!(decide(Some(4002), Hints::default(), SPEC), Next::Stop(EndedBy::Replaced));
         assert_eq!(decide(Some(4009), Hints::default(), SPEC), Next::Stop(EndedBy::ProtocolErrors));
         assert_eq!(decide(Some(4001), Hints::default(), SPEC), Next::Stop(EndedBy::Unauthorized));
+        assert_eq!(decide(Some(4004), Hints::default(), SPEC), Next::Stop(EndedBy::Revoked));
         // Unless the device was told to come back whatever happened (the load-test).
         let anyway = Policy { reconnect_anyway: true, ..SPEC };
         for code in [4001, 4002, 4009] {

@@ -75,7 +75,7 @@ mod tests {
     use herald_shared::auth::{sign, Claims, Platform};
 
     fn token(exp: u64) -> String {
-        let claims = Claims { tid: "t".into(), sub: "u".into(), dev: "d".into(), plat: Platform::Web, exp };
+        let claims = Claims { tid: "t".into(), sub: "u".into(), dev: "d".into(), plat: Platform::Web, exp, iat: None };
         sign(&claims, b"0123456789abcdef")
     }
 

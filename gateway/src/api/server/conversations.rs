@@ -1,6 +1,7 @@
 //! `POST /v1/server/conversations` and `POST /v1/server/conversations/{id}/members`,
 //! `.../title` and `.../roles`: a service creates its tenant's conversations and
-//! changes their members, titles and roles.
+//! changes their members, titles and roles; `GET /v1/server/conversations/{id}` reads
+//! one.
 //!
 //! The same rules and statements as the device routes ([`crate::api::conversations`],
 //! [`crate::api::timeline`]), without the device's rules on who may change what: a
@@ -20,7 +21,7 @@ use herald_shared::service_token::Scope;
 use super::Service;
 use crate::api::conversations::{create_in, Conversation};
 use crate::api::timeline::{change_members_as, change_role_as, change_title_as, Actor};
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
 pub async fn create(
@@ -32,11 +33,24 @@ pub async fn create(
     create_in(&state, &service.0.tid, None, &body).await
 }
 
+/// `GET /v1/server/conversations/{id}`: the conversation with its members (scope
+/// `conversations:read`); another tenant's id is `not_found`, like one that exists nowhere.
+pub async fn get(
+    State(state): State<AppState>,
+    service: Service,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Conversation>> {
+    service.require(Scope::ConversationsRead)?;
+    let conv = crate::api::conversations::load(&state, &service.0.tid, &id).await?;
+    conv.map(Json).ok_or_else(|| ApiError::new(herald_shared::error::ErrorCode::NotFound, "no such conversation"))
+}
+
 /// The service as the actor of its changes: `service:<name>`, from its own device.
 fn actor(service: &Service) -> Actor {
     let s = &service.0;
     let name = s.sender_device();
-    let claims = Claims { tid: s.tid.clone(), sub: name.clone(), dev: name, plat: Platform::Server, exp: s.exp };
+    let claims =
+        Claims { tid: s.tid.clone(), sub: name.clone(), dev: name, plat: Platform::Server, exp: s.exp, iat: None };
     Actor { claims, by_service: true }
 }
 

@@ -38,7 +38,7 @@ pub(crate) struct ServerSendRequest {
 /// The identity the send travels under: the `as` user on the service's own device.
 fn sender_claims(service: &Service, sender: String) -> Claims {
     let s = &service.0;
-    Claims { tid: s.tid.clone(), sub: sender, dev: s.sender_device(), plat: Platform::Server, exp: s.exp }
+    Claims { tid: s.tid.clone(), sub: sender, dev: s.sender_device(), plat: Platform::Server, exp: s.exp, iat: None }
 }
 
 pub async fn send(State(state): State<AppState>, service: Service, body: Bytes) -> ApiResult<Json<SendResult>> {

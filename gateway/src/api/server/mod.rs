@@ -6,17 +6,19 @@
 //! - [`Service`]: the authenticated service and its scope check.
 //! - [`messages`]: `POST /v1/server/messages`, a send as one of the tenant's users.
 //! - [`conversations`]: creating conversations and changing their members.
+//! - [`sessions`]: ending users' and devices' sessions, revoking their tokens.
 //! - [`openapi`]: the OpenAPI document of these routes (`docs/openapi.json`).
 
 pub mod conversations;
 pub mod messages;
 pub mod openapi;
+pub mod sessions;
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use herald_shared::error::ErrorCode;
-use herald_shared::service_token::{verify_service, Scope, ServiceClaims};
+use herald_shared::service_token::{Scope, ServiceClaims};
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
@@ -41,11 +43,11 @@ impl FromRequestParts<AppState> for Service {
     /// Only `Authorization: Bearer`: services are not browsers, and a token in a URL
     /// ends up in access logs.
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let secret = state.cfg.service_secret.0.as_bytes();
-        if secret.is_empty() {
+        let identity = &state.sessions.identity;
+        if !identity.serves_services() {
             return Err(ApiError::new(
                 ErrorCode::Unauthorized,
-                "the server API is not enabled (service_secret is unset)",
+                "the server API is not enabled (no service_secret, and no service issuer in auth.trust_file)",
             ));
         }
         let token = parts
@@ -54,8 +56,7 @@ impl FromRequestParts<AppState> for Service {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "missing bearer token"))?;
-        let claims =
-            verify_service(token, secret).map_err(|e| ApiError::new(ErrorCode::Unauthorized, e.to_string()))?;
+        let claims = identity.service(token).map_err(|e| ApiError::new(ErrorCode::Unauthorized, e.to_string()))?;
         Ok(Service(claims))
     }
 }

@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
 use super::messages::ServerSendRequest;
+use super::sessions::{DisconnectRequest, RevokeRequest, Revoked};
 use crate::api::conversations::{Conversation, CreateRequest};
 use crate::api::timeline::{MembersRequest, RoleRequest, TitleRequest};
 use herald_shared::error::ErrorBody;
@@ -148,6 +149,40 @@ pub fn document() -> Value {
             ("409", "conflict: a direct conversation has no roles"),
         ],
     );
+    let revoked = |s: &mut Schemas, what: &str| {
+        let mut answers = vec![("200".to_owned(), s.answer::<Revoked>(what))];
+        answers.extend(refusals(s, &[("503", "unavailable: retry (the call is idempotent)")]));
+        answers
+    };
+    let disconnect_answers = revoked(&mut s, "the sessions are closed (4004) on every gateway");
+    let disconnect = operation(
+        "disconnect",
+        "End a user's or a device's sessions now; the tokens they used are refused",
+        Scope::SessionsRevoke,
+        s.request::<DisconnectRequest>(),
+        disconnect_answers,
+    );
+    let revoke_answers = revoked(&mut s, "tokens issued before not_before are refused from now on");
+    let revoke = operation(
+        "revokeTokens",
+        "Refuse a user's tokens issued before a time, and end the sessions they opened",
+        Scope::SessionsRevoke,
+        s.request::<RevokeRequest>(),
+        revoke_answers,
+    );
+    let mut read_answers = vec![("200".to_owned(), s.answer::<Conversation>("the conversation and its members"))];
+    read_answers.extend(refusals(&mut s, &[("404", "not_found: no such conversation in the token's tenant")]));
+    let mut read = operation(
+        "getConversation",
+        "Read a conversation and its members",
+        Scope::ConversationsRead,
+        Value::Null,
+        read_answers,
+    );
+    if let Some(op) = read.as_object_mut() {
+        op.remove("requestBody");
+    }
+    read["parameters"] = json!([{ "name": "id", "in": "path", "required": true, "description": "The conversation's id.", "schema": { "type": "string" } }]);
     let scopes: Map<String, Value> = Scope::ALL.iter().map(|sc| (sc.as_str().to_owned(), json!(sc.as_str()))).collect();
     json!({
         "openapi": "3.1.0",
@@ -160,9 +195,12 @@ pub fn document() -> Value {
         "paths": {
             "/v1/server/messages": { "post": send },
             "/v1/server/conversations": { "post": create },
+            "/v1/server/conversations/{id}": { "get": read },
             "/v1/server/conversations/{id}/members": { "post": members },
             "/v1/server/conversations/{id}/title": { "post": title },
             "/v1/server/conversations/{id}/roles": { "post": roles },
+            "/v1/server/sessions/disconnect": { "post": disconnect },
+            "/v1/server/sessions/revoke": { "post": revoke },
         },
         "components": {
             "securitySchemes": {
@@ -171,7 +209,8 @@ pub fn document() -> Value {
                     "scheme": "bearer",
                     "bearerFormat": "JWT",
                     "description": format!(
-                        "A service token: HS256, header typ herald-service, claims tid, svc, scopes ({}), exp.",
+                        "A service token: header typ herald-service, claims tid, svc, scopes ({}), exp; \
+                         signed by a key trusted for its tenant (docs/protocol.md section 7.1).",
                         scopes.keys().cloned().collect::<Vec<_>>().join(", ")
                     ),
                 },
