@@ -65,16 +65,27 @@ impl MariaDb {
     /// [`MariaDb::start`] with more server options (`--ssl-cert=...`).
     pub async fn start_with(extra: &[&str]) -> MariaDb {
         let dir = std::env::temp_dir().join(format!("herald-mariadb-{:08x}", rand::random::<u32>()));
-        std::fs::create_dir_all(&dir).expect("mariadb dir");
-        let out = tokio::process::Command::new("mariadb-install-db")
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", dir.join("data").display()))
-            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
-            .args(run_as_root())
-            .output()
-            .await
-            .expect("mariadb-install-db is installed");
-        assert!(out.status.success(), "mariadb-install-db failed: {}", String::from_utf8_lossy(&out.stderr));
+        // A temporary directory of its own: bootstraps running side by side in the shared
+        // /tmp can collide on their temporary tables' names and abort.
+        std::fs::create_dir_all(dir.join("tmp")).expect("mariadb dir");
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let _ = std::fs::remove_dir_all(dir.join("data"));
+            let out = tokio::process::Command::new("mariadb-install-db")
+                .arg("--no-defaults")
+                .arg(format!("--datadir={}", dir.join("data").display()))
+                .arg(format!("--tmpdir={}", dir.join("tmp").display()))
+                .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+                .args(run_as_root())
+                .output()
+                .await
+                .expect("mariadb-install-db is installed");
+            if out.status.success() {
+                break;
+            }
+            failures.push(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        assert!(failures.len() < 3, "mariadb-install-db failed: {}", failures.join("\n---\n"));
         let extra = extra.iter().map(|s| s.to_string()).collect();
         let mut db = MariaDb { port: free_port(), dir, child: None, extra };
         db.restart().await;
@@ -103,6 +114,7 @@ impl MariaDb {
             .arg(format!("--datadir={}", d.join("data").display()))
             .arg(format!("--socket={}", d.join("sock").display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
+            .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .arg(format!("--port={}", self.port))
             // Small and quick: this server holds one test's few thousand rows.
             .args(run_as_root())
