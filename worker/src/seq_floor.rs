@@ -126,7 +126,10 @@ impl SeqFloors {
     }
 
     /// Raises the seen seq of the conversations of `msgs` in Redis, before their
-    /// devices are told (one pipeline, a script call per conversation).
+    /// devices are told: one pipeline of script calls, each raising every conversation
+    /// of the run whose key shares a cluster slot (all of them on a single Redis), at
+    /// most [`RAISE_KEYS`] per call. A call per conversation cost Redis a script call
+    /// per message.
     pub async fn raise(&self, msgs: &[&Committed]) -> Result<(), Error> {
         let mut highest: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for m in msgs {
@@ -134,16 +137,19 @@ impl SeqFloors {
             *e = (*e).max(m.seq);
         }
         let client = self.redis.next();
+        let calls = raise_calls(
+            highest.into_iter().map(|((t, c), seq)| (self.keys.seq_seen(t, c), seq)),
+            client.is_clustered(),
+        );
         let run = || async {
             let pipe = client.pipeline();
-            for (&(t, c), seq) in &highest {
-                let args: Vec<Value> = vec![
-                    scripts::SEQ_RAISE.script().sha1().clone().into(),
-                    1.into(),
-                    self.keys.seq_seen(t, c).into(),
-                    SEEN_TTL_S.into(),
-                    (*seq as i64).into(),
-                ];
+            for call in &calls {
+                let mut args: Vec<Value> = Vec::with_capacity(3 + 2 * call.len());
+                args.push(scripts::SEQ_RAISE.script().sha1().clone().into());
+                args.push((call.len() as i64).into());
+                args.extend(call.iter().map(|(key, _)| Value::from(key.as_str())));
+                args.push(SEEN_TTL_S.into());
+                args.extend(call.iter().map(|(_, seq)| Value::from(*seq as i64)));
                 let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), args).await?;
             }
             pipe.all::<Value>().await.map(|_| ())
@@ -156,6 +162,30 @@ impl SeqFloors {
             other => other,
         }
     }
+}
+
+/// Conversations per raise call at most: a call runs alone in Redis.
+const RAISE_KEYS: usize = 1_000;
+
+/// The raise calls of a run: (key, seq) grouped by cluster slot (one group on a single
+/// Redis), at most [`RAISE_KEYS`] per call.
+fn raise_calls(keys: impl Iterator<Item = (String, u64)>, clustered: bool) -> Vec<Vec<(String, u64)>> {
+    let mut by_slot: BTreeMap<u16, Vec<(String, u64)>> = BTreeMap::new();
+    for (key, seq) in keys {
+        let slot = if clustered { fred::util::redis_keyslot(key.as_bytes()) } else { 0 };
+        by_slot.entry(slot).or_default().push((key, seq));
+    }
+    by_slot.into_values().flat_map(|keys| chunks(keys, RAISE_KEYS)).collect()
+}
+
+fn chunks<T>(mut items: Vec<T>, size: usize) -> Vec<Vec<T>> {
+    let mut out = Vec::new();
+    while items.len() > size {
+        let rest = items.split_off(size);
+        out.push(std::mem::replace(&mut items, rest));
+    }
+    out.push(items);
+    out
 }
 
 /// The seq to number a conversation from: its `last_seq`, or the floor when that is
@@ -186,5 +216,57 @@ mod tests {
         assert_eq!(past_floor("t", "c", 7, 7), 7);
         assert_eq!(past_floor("t", "c", 7, 5), 7, "seen below: MySQL is ahead (not fanned out yet)");
         assert_eq!(past_floor("t", "c", 3, 9), 9, "went back: numbered from what was seen");
+    }
+
+    fn committed(conv: &str, seq: u64) -> Committed {
+        Committed {
+            id: herald_shared::ids::MsgId(seq),
+            tenant: "t".into(),
+            conv: conv.into(),
+            seq,
+            sender: "alice".into(),
+            sender_device: "a1".into(),
+            cmid: format!("m{seq}"),
+            ts: 1,
+            body: "{}".into(),
+            event: None,
+        }
+    }
+
+    /// Against the real Redis the tests use: one run raises several conversations to
+    /// their highest seq, a later run with lower seqs (a fan-out redone) lowers none,
+    /// and every key keeps an expiry.
+    #[tokio::test]
+    async fn a_raise_moves_each_conversation_up_and_never_down() {
+        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+        let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+        let floors = SeqFloors::new(redis.clone(), keys.clone());
+        let run = [committed("a", 3), committed("b", 7), committed("a", 5)];
+        floors.raise(&run.iter().collect::<Vec<_>>()).await.expect("raised");
+        let redo = [committed("a", 4), committed("b", 2), committed("c", 1)];
+        floors.raise(&redo.iter().collect::<Vec<_>>()).await.expect("raised");
+        let client = redis.next();
+        for (conv, want) in [("a", 5), ("b", 7), ("c", 1)] {
+            let seen: Option<u64> = client.get(keys.seq_seen("t", conv)).await.unwrap();
+            assert_eq!(seen, Some(want), "conversation {conv}");
+            let ttl: i64 = client.ttl(keys.seq_seen("t", conv)).await.unwrap();
+            assert!(ttl > 0 && ttl <= SEEN_TTL_S, "conversation {conv} expires ({ttl})");
+        }
+    }
+
+    #[test]
+    fn a_run_raises_its_conversations_in_one_call_per_slot() {
+        let keys = Keys::new("hd");
+        let convs: Vec<(String, u64)> = (0..2_500).map(|i| (keys.seq_seen("t", &format!("c{i}")), i)).collect();
+        let single = raise_calls(convs.clone().into_iter(), false);
+        assert_eq!(single.iter().map(Vec::len).collect::<Vec<_>>(), [1_000, 1_000, 500]);
+        let clustered = raise_calls(convs.into_iter(), true);
+        assert_eq!(clustered.iter().map(Vec::len).sum::<usize>(), 2_500, "every conversation raised");
+        for call in &clustered {
+            let slot = fred::util::redis_keyslot(call[0].0.as_bytes());
+            assert!(call.iter().all(|(k, _)| fred::util::redis_keyslot(k.as_bytes()) == slot), "one slot per call");
+            assert!(call.len() <= RAISE_KEYS);
+        }
     }
 }

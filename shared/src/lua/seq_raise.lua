@@ -1,13 +1,19 @@
--- Raises the highest seq of a conversation that devices may have seen (its messages
--- fanned out), never lowering it: a fan-out redone for an older batch leaves it. The
--- expiry is renewed either way.
+-- Raises the highest seq of conversations that devices may have seen (their messages
+-- fanned out), never lowering one: a fan-out redone for an older batch leaves it. The
+-- expiry is renewed either way. One call raises every conversation of a fan-out run
+-- whose key lives on this node's slot (all of them on a single Redis).
 --
--- KEYS: the conversation's seen-seq key. ARGV: the expiry in seconds, the seq.
--- Returns: 1 when raised, else 0.
-local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[2]) > seen then
-  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
-  return 1
+-- KEYS: the conversations' seen-seq keys. ARGV: the expiry in seconds, then the seq of
+-- each key, in the same order.
+-- Returns: how many were raised.
+local raised = 0
+for i, key in ipairs(KEYS) do
+  local seq = tonumber(ARGV[i + 1])
+  if seq > tonumber(redis.call('GET', key) or '0') then
+    redis.call('SET', key, ARGV[i + 1], 'EX', ARGV[1])
+    raised = raised + 1
+  else
+    redis.call('EXPIRE', key, ARGV[1])
+  end
 end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 0
+return raised
