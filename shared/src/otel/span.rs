@@ -96,14 +96,14 @@ impl Tracer {
             None => Context::new(),
         };
         let span = builder.start_with_context(tracer, &parent);
-        HeraldSpan(Some(span).filter(|s| s.is_recording()))
+        HeraldSpan(span.is_recording().then(|| Box::new(span)))
     }
 }
 
 /// One span being recorded, or nothing (tracing off, or its trace not sampled). Ends
-/// when dropped, if not before.
+/// when dropped, if not before. Boxed: nothing is one word in the futures that hold it.
 #[derive(Debug, Default)]
-pub struct HeraldSpan(Option<Span>);
+pub struct HeraldSpan(Option<Box<Span>>);
 
 impl HeraldSpan {
     /// A span that records nothing.
