@@ -3,7 +3,8 @@
 //! to `herald.push`, exported over OTLP/HTTP to a collector, here a local receiver that
 //! records what is POSTed to `/v1/traces`. An HTTP send continues its `traceparent`; a
 //! WebSocket send starts a trace of its own, also inside a gateway's pack. No body,
-//! token or push token is ever in a span. With no endpoint nothing is posted.
+//! token or push token is ever in a span. A stopping process flushes its spans. With no
+//! endpoint nothing is posted.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use fred::prelude::*;
+use herald_tests::faults::{signal, terminate_gateway};
 use herald_tests::{eventually, AutoDevice, Cluster, TENANT};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
@@ -289,6 +291,35 @@ async fn websocket_sends_packed_together_each_start_a_trace_their_commits_contin
         Some(())
     })
     .await;
+}
+
+/// Spans still queued when a process stops are flushed on its way out: with a batch
+/// delay far beyond the test, only the flush at shutdown can deliver them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_still_queued_are_flushed_when_a_process_stops() {
+    let (receiver, addr) = Receiver::start().await;
+    let endpoint = format!("http://{addr}");
+    let mut c = Cluster::new("otel-flush");
+    c.set("HERALD_OTEL__ENDPOINT", &endpoint)
+        .set("HERALD_OTEL__BATCH_DELAY_MS", "60000")
+        .set("HERALD_GATEWAY__DRAIN_MS", "1000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let caller = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    assert_eq!(send_traced(&c, 0, "m1", &json!("hello"), &caller).await, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(receiver.posts().is_empty(), "nothing is exported before the batch delay");
+
+    signal(c.workers[0].pid(), "-TERM");
+    let worker = tokio::time::timeout(Duration::from_secs(30), c.workers[0].child.wait()).await;
+    assert!(matches!(worker, Ok(Ok(_))), "the worker stops within 30 s of SIGTERM");
+    terminate_gateway(&mut c, 0, Duration::from_secs(30)).await;
+    let names: HashSet<String> =
+        receiver.spans().into_iter().filter(|(_, s)| hex(&s.trace_id) == TRACE_ID).map(|(_, s)| s.name).collect();
+    for name in ["herald.send", "herald.commit", "herald.fanout"] {
+        assert!(names.contains(name), "{name} flushed at shutdown: {names:?}");
+    }
 }
 
 /// Off by default: with no endpoint nothing is posted, even with the OpenTelemetry
