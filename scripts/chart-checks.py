@@ -479,6 +479,15 @@ def wired(rendered, values_path):
             expect(f"{where} annotation {key}", (d["metadata"].get("annotations") or {}).get(key), value)
     for extra in ("herald-all-extra", "herald-extra-text"):
         get("ConfigMap", extra)
+    otel = v["otel"]
+    for component in ("gateway", "worker"):
+        data = get("ConfigMap", f"{full}-{component}-config").get("data") or {}
+        if otel["endpoint"]:
+            expect(f"{component} HERALD_OTEL__ENDPOINT", data.get("HERALD_OTEL__ENDPOINT"), otel["endpoint"])
+            ratio = data.get("HERALD_OTEL__SAMPLE_RATIO")
+            expect(f"{component} HERALD_OTEL__SAMPLE_RATIO", ratio and float(ratio), float(otel["sampleRatio"]))
+            expect(f"{component} HERALD_OTEL__SERVICE_NAME", data.get("HERALD_OTEL__SERVICE_NAME"),
+                   otel["serviceName"] or None)
     image = f"{v['global']['imageRegistry']}/{v['image']['repository']}:{v['image']['tag']}@{v['image']['digest']}"
     pulls = [{"name": s["name"]} for s in v["global"]["imagePullSecrets"] + v["imagePullSecrets"]]
     for component in ("gateway", "worker"):

@@ -11,6 +11,7 @@ use std::time::Duration;
 use herald_shared::auth::{is_valid_ident, Claims};
 use herald_shared::error::ErrorCode;
 use herald_shared::keys::shard_of;
+use herald_shared::otel::{TraceParent, Tracer};
 use herald_shared::protocol::pack::PackedSend;
 use herald_shared::protocol::{Echo, ReadEntry, SendOutcome, SendResult, TimelineEntry, TimelineOp, MAX_CMID_LEN};
 use serde_json::value::RawValue;
@@ -29,6 +30,8 @@ pub struct Ingress {
     pub shards: u32,
     pub send_timeout: Duration,
     pub max_body_bytes: usize,
+    /// Where sends' spans start (`crate::send_span`); off unless `otel.endpoint` is set.
+    pub tracer: Tracer,
 }
 
 /// Checks a send's fields against the protocol's limits.
@@ -54,9 +57,17 @@ impl Ingress {
         check_send(cmid, conv, body, self.max_body_bytes)
     }
 
-    /// Queues the send for its ingress stream. Sends of one session are queued in the
-    /// order they arrived, which is the order their `seq` follows.
-    pub fn enqueue_send(&self, c: &Claims, cmid: String, conv: String, body: Box<RawValue>) -> ApiResult<Waiter> {
+    /// Queues the send for its ingress stream, with its span's context when it is
+    /// traced. Sends of one session are queued in the order they arrived, which is the
+    /// order their `seq` follows.
+    pub fn enqueue_send(
+        &self,
+        c: &Claims,
+        cmid: String,
+        conv: String,
+        body: Box<RawValue>,
+        trace: Option<TraceParent>,
+    ) -> ApiResult<Waiter> {
         let shard = shard_of(&c.tid, &conv, self.shards);
         let echo = Echo { tenant: c.tid.clone(), user: c.sub.clone(), conv: conv.clone(), cmid: Some(cmid.clone()) };
         let waiter = self.waiters.register(echo);
@@ -68,6 +79,7 @@ impl Ingress {
             conv,
             rid: waiter.rid,
             body,
+            trace,
         };
         self.queue.push(shard, Request::Send(send))?;
         Ok(waiter)
@@ -134,8 +146,15 @@ impl Ingress {
     }
 
     /// Queues and waits for the committed answer (`POST /v1/messages`).
-    pub async fn send(&self, c: &Claims, cmid: String, conv: String, body: Box<RawValue>) -> ApiResult<SendResult> {
-        let waiter = self.enqueue_send(c, cmid, conv, body)?;
+    pub async fn send(
+        &self,
+        c: &Claims,
+        cmid: String,
+        conv: String,
+        body: Box<RawValue>,
+        trace: Option<TraceParent>,
+    ) -> ApiResult<SendResult> {
+        let waiter = self.enqueue_send(c, cmid, conv, body, trace)?;
         self.committed(waiter, "http").await
     }
 

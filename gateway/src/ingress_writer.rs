@@ -267,6 +267,7 @@ mod tests {
             conv: conv.into(),
             rid,
             body: RawValue::from_string(format!("{{\"n\":{rid}}}")).unwrap(),
+            trace: None,
         })
     }
 

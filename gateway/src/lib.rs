@@ -11,12 +11,12 @@
 //!   [`acks`] (acks left over by ended sessions, retried); [`watchers`] (who follows
 //!   whose presence here) sits with the mailbox.
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
-//!   streams, through the node's [`ingress_writer`]), [`devices`] (device registration),
-//!   [`recovery`] (pending-set rebuilds), [`identity`] (tokens' key sets and
-//!   revocations), [`watermarks`] (their flusher), [`delivered`] (delivered positions' flusher),
-//!   [`notices`] (the node and presence channels), [`typing`] (typing indicators
-//!   relayed), [`roster`] (presence announced and read). [`status`] (a message's status per recipient)
-//!   sits with the leaves.
+//!   streams, through the node's [`ingress_writer`]), [`send_span`] (a send's trace
+//!   span), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
+//!   [`identity`] (tokens' key sets and revocations), [`watermarks`] (their flusher),
+//!   [`delivered`] (delivered positions' flusher), [`notices`] (the node and presence
+//!   channels), [`typing`] (typing indicators relayed), [`roster`] (presence announced
+//!   and read). [`status`] (a message's status per recipient) sits with the leaves.
 //! - [`session`]: one WebSocket session.
 //! - [`state`]: the services bundled for the handlers; [`api`]: the HTTP handlers and
 //!   the WebSocket upgrade.
@@ -40,6 +40,7 @@ pub mod mailbox;
 pub mod notices;
 pub mod recovery;
 pub mod roster;
+pub mod send_span;
 pub mod session;
 pub mod sessions;
 pub mod starts;
@@ -56,8 +57,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::*;
-use herald_shared::config::Config;
+use herald_shared::config::{Config, Role};
 use herald_shared::keys::Keys;
+use herald_shared::otel::Tracing;
 use herald_shared::process::{Criticality, Process, Readiness};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -88,11 +90,15 @@ pub enum GatewayError {
     Tls(#[from] herald_shared::tls::TlsError),
     #[error("cannot bind {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Tracing(#[from] herald_shared::otel::TracingError),
 }
 
 /// Runs the gateway until `shutdown` completes.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), GatewayError> {
     let metrics = herald_shared::telemetry::init_metrics();
+    // Off (nothing built, nothing recorded) unless otel.endpoint is set.
+    let traces = Tracing::start(&cfg.otel, Role::Gateway, &cfg.node_id)?;
     let cfg = Arc::new(cfg);
     let db = herald_shared::db::pool(&cfg.mysql_url, cfg.gateway.db_pool_size, Some(statement_timeout(&cfg)))?;
     let redis = herald_shared::redis::pool(&cfg.redis_url, &cfg.redis.tls(), 4).await?;
@@ -150,6 +156,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         shards: cfg.ingress.shards,
         send_timeout: Duration::from_millis(g.send_timeout_ms),
         max_body_bytes: g.max_body_bytes,
+        tracer: traces.as_ref().map(Tracing::tracer).unwrap_or_default(),
     };
     let limits = Arc::new(limits::NodeLimits::new(g));
     let watchers = Arc::new(watchers::PresenceWatchers::default());
@@ -288,6 +295,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         tracing::warn!("tasks did not stop within 10 s");
     }
     let _ = subscriber.quit().await;
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     Ok(())
 }
 

@@ -20,7 +20,7 @@
 //!   [`process_metrics`]: CPU, memory and descriptors of the process.
 //! - [`clock`]: this process's clock against Redis's (the settle window's assumption).
 //! - [`telemetry`]: tracing and metrics setup; [`metric_catalog`]: every metric with
-//!   its help text.
+//!   its help text; [`otel`]: OpenTelemetry traces of sends (off by default).
 
 pub mod auth;
 pub mod clock;
@@ -37,6 +37,7 @@ pub mod metric_catalog;
 mod migration_rules;
 pub mod mysql_server;
 pub mod ops;
+pub mod otel;
 pub mod process;
 pub mod process_metrics;
 pub mod protocol;

@@ -44,6 +44,14 @@ pub const METRICS: &[Metric] = &[
         "herald_clock_offset_bound_seconds",
         "How far this process's clock may be from Redis's: a quarter of delivery.sync_settle_ms.",
     ),
+    counter(
+        "herald_otel_spans_exported_total",
+        "Spans the collector (otel.endpoint) took; none while tracing is off.",
+    ),
+    counter(
+        "herald_otel_export_failures_total",
+        "Batches of spans the collector refused or did not answer within otel.timeout_ms; their spans are lost.",
+    ),
     // The standard process metrics (process_metrics.rs writes them, not the recorder).
     counter("process_cpu_seconds_total", "CPU time used by the process, user and system, in seconds."),
     gauge("process_resident_memory_bytes", "Resident memory of the process, in bytes."),

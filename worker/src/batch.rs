@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use herald_shared::ids::{now_ms, MsgId};
+use herald_shared::otel::TraceParent;
 use herald_shared::protocol::{msg_frame_raw, Message, TimelineEvent};
 use serde_json::value::RawValue;
 use sqlx::{MySql, QueryBuilder};
@@ -23,6 +24,9 @@ pub struct Committed {
     pub body: String,
     /// A timeline event (docs/protocol.md section 4.11); `None` for a message.
     pub event: Option<TimelineEvent>,
+    /// The message's latest span on this worker (its commit's, then its fan-out's),
+    /// when its send is traced: the parent of the next.
+    pub trace: Option<TraceParent>,
 }
 
 impl Committed {
@@ -74,6 +78,8 @@ pub struct PushCandidate {
     pub conv: String,
     pub id: MsgId,
     pub sender: String,
+    /// The message's fan-out span, when its send is traced.
+    pub trace: Option<TraceParent>,
 }
 
 impl Recipient {

@@ -176,6 +176,7 @@ mod tests {
             body: "x".repeat(body_len),
             node: "n".into(),
             rid: 0,
+            trace: None,
         }
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use herald_shared::config::Config;
 use herald_shared::keys::Keys;
+use herald_shared::otel::Tracer;
 use sqlx::mysql::MySqlPool;
 
 use crate::commit::CommitPipeline;
@@ -39,4 +40,6 @@ pub struct WorkerContext {
     pub sent_marks: tokio::sync::mpsc::Sender<u64>,
     /// The last lease round succeeded (Redis reachable, ids leased).
     pub balancer_ok: AtomicBool,
+    /// Where the spans of traced sends start (`crate::spans`); off unless `otel.endpoint` is set.
+    pub tracer: Tracer,
 }

@@ -31,6 +31,7 @@ use crate::commit::{BatchResult, Fence, Outcome};
 use crate::committer::ShardCommitter;
 use crate::context::WorkerContext;
 use crate::lease::Lease;
+use crate::spans;
 
 /// One shard's batch, waiting to be committed.
 pub struct CommitRequest {
@@ -144,6 +145,7 @@ impl GroupCommitter {
 
     async fn commit(&self, group: Vec<CommitRequest>, cancel: &CancellationToken) {
         let s = &self.shared;
+        let started = spans::begin(&s.tracer);
         let (group, gone): (Vec<_>, Vec<_>) = group.into_iter().partition(CommitRequest::keep_going);
         for r in gone {
             let _ = r.done.send(false);
@@ -197,6 +199,7 @@ impl GroupCommitter {
             }
         }
         self.answer(&results).await;
+        spans::commits(&s.tracer, started, &results, &mut committed);
         for result in committed.into_iter().filter(|r| r.outbox_id.is_some()) {
             // A fan-out stage gone (stopping, restarting) leaves the event to the outbox
             // dispatcher, which redoes it after `outbox.first_retry_delay_ms`.
@@ -282,12 +285,14 @@ impl FanoutStage {
             if results.is_empty() {
                 continue;
             }
+            let spans = spans::fanouts(&s.tracer, &mut results);
             let events: Vec<u64> = results.iter().filter_map(|r| r.outbox_id).collect();
             let groups: Vec<(&[Committed], &[Recipient])> =
                 results.iter().map(|r| (r.committed.as_slice(), r.recipients.as_slice())).collect();
             let started = std::time::Instant::now();
             let delivered = s.fanout.deliver_to(&groups, &events).await;
             metrics::histogram!("herald_fanout_seconds").record(started.elapsed().as_secs_f64());
+            spans::fanned_out(spans, &delivered);
             match delivered {
                 Ok(()) => {
                     for &event in &events {

@@ -12,7 +12,8 @@
 //!   dispatcher), [`reads`] (read receipts and their `read` frames), [`delivered`]
 //!   (delivered positions and the senders' `delivered` frames), [`push`] (offline
 //!   push: unacked messages handed to the tenant's webhook), [`timeline`] (membership,
-//!   title and role changes, recalls and edits: timeline events).
+//!   title and role changes, recalls and edits: timeline events), [`spans`] (the
+//!   commit and fan-out spans of traced sends).
 //! - [`server_check`]: the MySQL server checked at start (flavour, primary, packet).
 //! - [`context`]: what the tasks share; [`ingress`]: shard balancing and the per-shard
 //!   consumer; [`trace`]: operators' views; [`admin`]: the admin API;
@@ -35,6 +36,7 @@ pub mod push;
 pub mod reads;
 pub mod seq_floor;
 pub mod server_check;
+pub mod spans;
 pub mod timeline;
 pub mod trace;
 
@@ -43,8 +45,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_shared::config::Config;
+use herald_shared::config::{Config, Role};
 use herald_shared::keys::Keys;
+use herald_shared::otel::Tracing;
 use herald_shared::process::{Criticality, Process, Readiness};
 use tokio_util::sync::CancellationToken;
 
@@ -67,6 +70,8 @@ pub enum WorkerError {
     Server(String),
     #[error("cannot bind {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Tracing(#[from] herald_shared::otel::TracingError),
 }
 
 /// Applies the schema and returns (`herald-worker migrate`).
@@ -86,6 +91,8 @@ pub async fn rebuild_projections(cfg: &Config, dry_run: bool) -> Result<projecti
 /// Runs the worker until `shutdown` completes.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
     let metrics = herald_shared::telemetry::init_metrics();
+    // Off (nothing built, nothing recorded) unless otel.endpoint is set.
+    let traces = Tracing::start(&cfg.otel, Role::Worker, &cfg.node_id)?;
     let db = herald_shared::db::pool(
         &cfg.mysql_url,
         cfg.worker.db_pool_size,
@@ -180,6 +187,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         push: push_store.clone(),
         sent_marks,
         balancer_ok: AtomicBool::new(false),
+        tracer: traces.as_ref().map(Tracing::tracer).unwrap_or_default(),
     });
 
     let admin_addr = shared.cfg.admin_listen;
@@ -234,6 +242,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     if !process.stop(Duration::from_secs(20)).await {
         tracing::warn!("tasks did not stop within 20 s");
     }
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     Ok(())
 }
 
@@ -247,6 +258,7 @@ fn spawn_push(
     let cfg = &shared.cfg.push;
     let webhooks = Arc::new(push::Webhooks::new(cfg));
     let wake = Arc::new(tokio::sync::Notify::new());
+    let traces = Arc::new(push::traces::PushTraces::default());
     let scheduler = push::PushScheduler {
         rx: Arc::new(tokio::sync::Mutex::new(rx)),
         redis: shared.redis.clone(),
@@ -256,6 +268,7 @@ fn spawn_push(
         delay: Duration::from_millis(cfg.delay_ms),
         max_waiting: cfg.max_waiting,
         dispatcher: wake.clone(),
+        traces: traces.clone(),
     };
     process.spawn_supervised("push_scheduler", Criticality::Background, move |c| scheduler.clone().run(c));
     let dispatcher = push::PushDispatcher {
@@ -270,6 +283,8 @@ fn spawn_push(
         poll: Duration::from_millis(cfg.poll_ms),
         sent_retention_ms: cfg.sent_retention_s * 1000,
         wake,
+        tracer: shared.tracer.clone(),
+        traces,
     };
     process.spawn_supervised("push_dispatcher", Criticality::Background, move |c| dispatcher.clone().run(c));
 }

@@ -8,6 +8,7 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::Json;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
@@ -19,6 +20,7 @@ use sqlx::Row;
 
 use crate::api::auth::Caller;
 use crate::error::{parse_json, ApiError, ApiResult};
+use crate::send_span::{traceparent, SendSpan};
 use crate::state::AppState;
 
 #[derive(Deserialize)]
@@ -50,20 +52,33 @@ pub async fn read(
     }
 }
 
-pub async fn send(State(state): State<AppState>, Caller(c): Caller, body: Bytes) -> ApiResult<Json<SendResult>> {
+/// `POST /v1/messages`; a valid `traceparent` header makes its trace the send's.
+pub async fn send(
+    State(state): State<AppState>,
+    Caller(c): Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<SendResult>> {
     let started = std::time::Instant::now();
     metrics::counter!("herald_sends_received_total", "transport" => "http").increment(1);
-    let req: SendRequest = parse_json(&body)?;
-    state.ingress.validate_send(&req.cmid, &req.conv, &req.body)?;
-    if let Err(wait) = state.limits.http_send(&DeviceKey::of(&c)) {
-        metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
-        return Err(ApiError::rate_limited(wait));
+    let mut span = SendSpan::start(&state.ingress.tracer, "http", &c.tid, traceparent(&headers));
+    let answer = async {
+        let req: SendRequest = parse_json(&body)?;
+        span.describe(&req.conv, &req.cmid);
+        state.ingress.validate_send(&req.cmid, &req.conv, &req.body)?;
+        if let Err(wait) = state.limits.http_send(&DeviceKey::of(&c)) {
+            metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
+            return Err(ApiError::rate_limited(wait));
+        }
+        if let Err(wait) = state.limits.tenant_send(&c.tid) {
+            metrics::counter!("herald_rate_limited_total", "what" => "tenant_send").increment(1);
+            return Err(ApiError::rate_limited(wait));
+        }
+        state.ingress.send(&c, req.cmid, req.conv, req.body, span.context()).await
     }
-    if let Err(wait) = state.limits.tenant_send(&c.tid) {
-        metrics::counter!("herald_rate_limited_total", "what" => "tenant_send").increment(1);
-        return Err(ApiError::rate_limited(wait));
-    }
-    let result = state.ingress.send(&c, req.cmid, req.conv, req.body).await?;
+    .await;
+    span.finish(&answer);
+    let result = answer?;
     metrics::histogram!("herald_send_ack_seconds", "transport" => "http").record(started.elapsed().as_secs_f64());
     Ok(Json(result))
 }

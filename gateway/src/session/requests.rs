@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::{End, Flow, Session};
 use crate::error::ApiError;
+use crate::send_span::SendSpan;
 
 /// Protocol errors tolerated before the connection is closed with 4009.
 const MAX_PROTOCOL_ERRORS: u32 = 10;
@@ -73,7 +74,11 @@ where
     pub(super) async fn on_send(&mut self, s: SendFrame) -> Flow {
         metrics::counter!("herald_sends_received_total", "transport" => "ws").increment(1);
         let ingress = self.env.ingress.clone();
+        // A frame carries no trace context: a traced WebSocket send is a trace's root.
+        let mut span = SendSpan::start(&ingress.tracer, "ws", &self.claims.tid, None);
+        span.describe(&s.conv, &s.cmid);
         if let Err(e) = ingress.validate_send(&s.cmid, &s.conv, &s.body) {
+            span.fail(e.code);
             self.send_frame(error_of(e, Some(s.cmid))).await;
             return ControlFlow::Continue(());
         }
@@ -81,6 +86,7 @@ where
         if let Err(wait) =
             crate::limits::take(&self.send_bucket, 1).and_then(|()| self.env.limits.tenant_send(&self.claims.tid))
         {
+            span.fail(ErrorCode::RateLimited);
             metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
             let f = ErrorFrame::new(ErrorCode::RateLimited, "too many sends; retry later")
                 .with_ref(Some(s.cmid))
@@ -90,13 +96,16 @@ where
         }
         let started = std::time::Instant::now();
         // Enqueued here, in arrival order; the commit is awaited in a task.
-        match ingress.enqueue_send(&self.claims, s.cmid.clone(), s.conv, s.body) {
+        match ingress.enqueue_send(&self.claims, s.cmid.clone(), s.conv, s.body, span.context()) {
             Err(e) => {
+                span.fail(e.code);
                 self.send_frame(error_of(e, Some(s.cmid))).await;
             }
             Ok(waiter) => {
                 self.requests.spawn(async move {
-                    let frame = match ingress.committed(waiter, "ws").await {
+                    let answer = ingress.committed(waiter, "ws").await;
+                    span.finish(&answer);
+                    let frame = match answer {
                         Ok(r) => Sent::new(s.cmid, &r).into(),
                         Err(e) => error_of(e, Some(s.cmid)),
                     };

@@ -167,6 +167,7 @@ async fn fixture(device: &str) -> Fixture {
             shards: 1,
             send_timeout: Duration::from_secs(1),
             max_body_bytes: 1024,
+            tracer: Default::default(),
         },
         recovery: Recovery {
             db,

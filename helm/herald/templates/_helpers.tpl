@@ -122,6 +122,16 @@ both
 {{- $data := dict "HERALD_REDIS_KEY_PREFIX" $v.redis.keyPrefix "HERALD_INGRESS__SHARDS" (toString $v.ingressShards) -}}
 {{- $_ := set $data "HERALD_LOG" $v.log.level -}}
 {{- $_ := set $data "HERALD_LOG_FORMAT" $v.log.format -}}
+{{- /* Traces: set only when on, so the default render carries no otel setting. */ -}}
+{{- with $v.otel -}}
+{{- if .endpoint -}}
+{{- $_ := set $data "HERALD_OTEL__ENDPOINT" .endpoint -}}
+{{- $_ := set $data "HERALD_OTEL__SAMPLE_RATIO" (toString .sampleRatio) -}}
+{{- if .serviceName -}}
+{{- $_ := set $data "HERALD_OTEL__SERVICE_NAME" .serviceName -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if eq .component "gateway" -}}
 {{- $_ := set $data "HERALD_GATEWAY__REQUIRE_NOEVICTION" (toString $v.redis.requireNoeviction) -}}
 {{- $_ := set $data "HERALD_GATEWAY__DRAIN_MS" (toString (mul $v.gateway.drainSeconds 1000)) -}}

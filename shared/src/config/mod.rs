@@ -15,7 +15,7 @@
 //!   [`Config`] that holds every section.
 //! - `table`: the key table behind the loader and the documentation ([`keys`],
 //!   [`markdown_table`]).
-//! - `auth`, `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`, `push`: one section each
+//! - `auth`, `redis`, `ingress`, `gateway`, `worker`, `delivery`, `outbox`, `push`, `otel`: one section each
 //!   ([`GatewayConfig`], ...), owning its keys, defaults and validation.
 //! - `cidr`: IP networks ([`Cidr`]), for `gateway.trusted_proxies`.
 //! - [`cli`]: the command line ([`Cli`]) and `--help`; `load`: the layers ([`load`]).
@@ -35,6 +35,7 @@ mod environment;
 mod gateway;
 mod ingress;
 mod load;
+mod otel;
 mod outbox;
 mod push;
 mod redis;
@@ -48,6 +49,7 @@ pub use delivery::DeliveryConfig;
 pub use gateway::{CorsOrigins, GatewayConfig};
 pub use ingress::IngressConfig;
 pub use load::{load, Env, ProcessEnv};
+pub use otel::{OtelConfig, TRACES_PATH};
 pub use outbox::OutboxConfig;
 pub use push::{PreviewPolicy, PushConfig};
 pub use redis::RedisConfig;
@@ -119,6 +121,8 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// The offline push hand-off (worker).
     pub push: PushConfig,
+    /// Traces of sends, exported over OTLP/HTTP (both processes); off by default.
+    pub otel: OtelConfig,
 }
 
 /// The process-wide keys, outside any section.
@@ -208,6 +212,7 @@ impl Config {
             delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
             push: PushConfig::default(),
+            otel: OtelConfig::default(),
         }
     }
 
@@ -226,6 +231,7 @@ impl Config {
             Some(("delivery", name)) => self.delivery.set(name, v),
             Some(("outbox", name)) => self.outbox.set(name, v),
             Some(("push", name)) => self.push.set(name, v),
+            Some(("otel", name)) => self.otel.set(name, v),
             Some(_) => Err(SetError::UnknownKey),
         }
     }
@@ -292,6 +298,7 @@ impl Config {
         self.delivery.validate(&mut bad);
         self.outbox.validate(&mut bad);
         self.push.validate(&mut bad);
+        self.otel.validate(&mut bad);
         // A fan-out the outbox still retries must find its message above the watermark,
         // or a Redis data loss in between would lose it (docs/reliability.md).
         let retry = self.outbox.retry_window_ms();

@@ -105,6 +105,7 @@ pub fn keys() -> impl Iterator<Item = &'static Key> {
         super::DeliveryConfig::KEYS,
         super::OutboxConfig::KEYS,
         super::PushConfig::KEYS,
+        super::OtelConfig::KEYS,
     ]
     .into_iter()
     .flatten()
@@ -171,6 +172,15 @@ macro_rules! whole_numbers {
     )*};
 }
 whole_numbers!(u32, u64, usize);
+
+impl Setting for f64 {
+    fn parse(v: &str) -> Result<Self, String> {
+        match v.trim().parse::<f64>() {
+            Ok(n) if n.is_finite() => Ok(n),
+            _ => Err(format!("expected a number, got {v:?}")),
+        }
+    }
+}
 
 impl Setting for bool {
     fn parse(v: &str) -> Result<Self, String> {

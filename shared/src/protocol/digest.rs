@@ -85,6 +85,7 @@ mod tests {
             body: body.into(),
             node: "gw".into(),
             rid: 1,
+            trace: None,
         };
         assert_eq!(send("c", "1").digest(), send("c", "1").digest());
         assert_ne!(send("c", "1").digest(), send("c", "2").digest());

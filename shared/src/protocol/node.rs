@@ -13,6 +13,7 @@ use super::SendResult;
 use crate::error::ErrorCode;
 use crate::ids::MsgId;
 use crate::keys::DeviceKey;
+use crate::otel::TraceParent;
 
 /// One send request, as the gateway writes it into an ingress stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,11 +28,15 @@ pub struct IngressEntry {
     /// Gateway node that waits for the answer, and its request id there.
     pub node: String,
     pub rid: u64,
+    /// The gateway's `herald.send` span, for a send that is traced (`otel.*`): field
+    /// `tp`, a W3C `traceparent`. Absent otherwise; a worker older than traces ignores
+    /// the field, and one that cannot read it commits the send untraced.
+    pub trace: Option<TraceParent>,
 }
 
 impl IngressEntry {
     pub fn to_fields(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut fields = vec![
             ("tid", self.tenant.clone()),
             ("uid", self.user.clone()),
             ("dev", self.device.clone()),
@@ -40,7 +45,11 @@ impl IngressEntry {
             ("body", self.body.clone()),
             ("node", self.node.clone()),
             ("rid", self.rid.to_string()),
-        ]
+        ];
+        if let Some(trace) = &self.trace {
+            fields.push(("tp", trace.to_string()));
+        }
+        fields
     }
 
     pub fn from_fields(f: &std::collections::HashMap<String, String>) -> Option<IngressEntry> {
@@ -54,6 +63,7 @@ impl IngressEntry {
             body: get("body")?,
             node: get("node")?,
             rid: get("rid")?.parse().ok()?,
+            trace: f.get("tp").and_then(|tp| TraceParent::parse(tp)),
         })
     }
 }

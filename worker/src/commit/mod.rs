@@ -419,6 +419,7 @@ impl CommitPipeline {
                     ts: now,
                     body: e.body.clone(),
                     event: None,
+                    trace: None,
                 }
             })
             .collect();

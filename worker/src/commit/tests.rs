@@ -138,6 +138,7 @@ async fn the_mysql_dialect_commits_only_while_the_ids_are_fresh() {
         body: "{}".into(),
         node: "n".into(),
         rid: 0,
+        trace: None,
     };
     let fence = [Fence { shard: 0, token: 1 }];
     let floors = std::sync::Arc::new(crate::seq_floor::SeqFloors::new(redis.clone(), keys.clone()));

@@ -42,6 +42,16 @@ pub enum FanoutError {
 }
 
 impl FanoutError {
+    /// The failure's kind, as a fan-out's trace span names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FanoutError::Db(_) => "mysql",
+            FanoutError::Redis(_) => "redis",
+            FanoutError::Corrupt(_) => "corrupt",
+            FanoutError::Partial { .. } => "partial",
+        }
+    }
+
     /// The devices that got their entries although the fan-out failed.
     pub fn done(&self) -> &[DeviceKey] {
         match self {
@@ -169,6 +179,7 @@ impl Fanout {
                                 conv: m.conv.clone(),
                                 id: m.id,
                                 sender: m.sender.clone(),
+                                trace: m.trace,
                             });
                         }
                         plans

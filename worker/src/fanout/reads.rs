@@ -37,6 +37,7 @@ impl Fanout {
                     body: r.text(7)?,
                     ts: r.try_get::<i64, _>(8)? as u64,
                     event: r.opt_text(9)?.map(|e| serde_json::from_str(&e).unwrap_or(TimelineEvent::Unknown)),
+                    trace: None,
                 })
             })
             .collect()

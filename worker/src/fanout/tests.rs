@@ -19,6 +19,7 @@ fn message(id: u64, seq: u64) -> Committed {
         ts: 1,
         body: format!("{{\"n\":{seq}}}"),
         event: None,
+        trace: None,
     }
 }
 

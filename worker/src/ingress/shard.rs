@@ -309,6 +309,7 @@ mod tests {
             body: "1".into(),
             node: "gw".into(),
             rid: 1,
+            trace: None,
         }
     }
 

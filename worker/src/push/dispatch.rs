@@ -11,10 +11,12 @@ use futures::stream::{self, StreamExt};
 use herald_shared::config::PreviewPolicy;
 use herald_shared::ids::now_ms;
 use herald_shared::keys::Keys;
+use herald_shared::otel::Tracer;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::store::{Claimed, PushStore, Registration};
+use super::traces::PushTraces;
 use super::webhook::{Notification, Preview, WebhookClient};
 use super::Webhooks;
 
@@ -32,6 +34,9 @@ pub struct PushDispatcher {
     pub sent_retention_ms: u64,
     /// Rung by the scheduler when it wrote rows.
     pub wake: Arc<Notify>,
+    /// The spans of traced notifications' webhook calls (`super::traces`).
+    pub tracer: Tracer,
+    pub traces: Arc<PushTraces>,
 }
 
 impl PushDispatcher {
@@ -100,7 +105,13 @@ impl PushDispatcher {
                 let badge = badges.get(&(c.tenant.clone(), c.user.clone())).copied().unwrap_or(0);
                 let body = bodies.get(&c.msg.id).map(String::as_str);
                 async move {
+                    let mut span = self.traces.start(&self.tracer, &c);
                     let outcome = self.post(&c, &r, badge, body).await;
+                    match &outcome {
+                        Ok(()) => span.succeed("sent"),
+                        Err(_) => span.fail("failed"),
+                    }
+                    span.end();
                     (c, outcome)
                 }
             })

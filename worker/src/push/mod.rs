@@ -15,10 +15,12 @@
 //! - [`store`]: the `push_notifications` table (upsert, claim, finish, purge, admin).
 //! - [`webhook`]: the notification's body, its signature and the HTTP call.
 //! - [`dispatch`]: the dispatcher loop.
+//! - [`traces`]: traced notifications' contexts, scheduler to dispatcher, and their spans.
 
 pub mod dispatch;
 pub mod schedule;
 pub mod store;
+pub mod traces;
 pub mod webhook;
 
 use std::collections::HashMap;

@@ -13,11 +13,13 @@ use std::time::Duration;
 
 use herald_shared::ids::MsgId;
 use herald_shared::keys::Keys;
+use herald_shared::otel::TraceParent;
 use tokio::sync::{mpsc, Mutex, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::store::{Collapsed, PushStore};
+use super::traces::{PushTraces, MAX_PER_NOTIFICATION};
 use super::Webhooks;
 use crate::batch::PushCandidate;
 
@@ -27,6 +29,10 @@ pub type Target = (String, String, String, String);
 /// Most notifications handed over (checked in Redis, written to MySQL) at once.
 const HAND_OVER_MAX: usize = 1_000;
 
+/// A notification due: its target, its messages, and the trace contexts of those that
+/// are traced (oldest first).
+pub type Due = (Target, Collapsed, Vec<TraceParent>);
+
 /// Messages waiting out the delay, collapsed per target. The delay is the same for all,
 /// so the order of first arrival is the order they fall due: a queue, not a heap.
 #[derive(Debug)]
@@ -35,11 +41,13 @@ pub struct WaitingRoom {
     max: usize,
     waiting: HashMap<Target, Collapsed>,
     order: VecDeque<(Instant, Target)>,
+    /// The traced messages' contexts, by target (only traced sends have any).
+    traces: HashMap<Target, Vec<TraceParent>>,
 }
 
 impl WaitingRoom {
     pub fn new(delay: Duration, max: usize) -> WaitingRoom {
-        WaitingRoom { delay, max, waiting: HashMap::new(), order: VecDeque::new() }
+        WaitingRoom { delay, max, waiting: HashMap::new(), order: VecDeque::new(), traces: HashMap::new() }
     }
 
     /// Adds a message: it joins its target's notification, or starts one due after the
@@ -48,14 +56,26 @@ impl WaitingRoom {
         let target = (c.tenant, c.user, c.device, c.conv);
         if let Some(w) = self.waiting.get_mut(&target) {
             w.join(c.id, &c.sender, 1);
+            self.trace(&target, c.trace);
             return true;
         }
         if self.waiting.len() >= self.max {
             return false;
         }
+        self.trace(&target, c.trace);
         self.order.push_back((now + self.delay, target.clone()));
         self.waiting.insert(target, Collapsed { id: c.id, sender: c.sender, count: 1 });
         true
+    }
+
+    /// Notes a traced message's context for its target's notification (the latest kept).
+    fn trace(&mut self, target: &Target, trace: Option<TraceParent>) {
+        let Some(trace) = trace else { return };
+        let kept = self.traces.entry(target.clone()).or_default();
+        if kept.len() >= MAX_PER_NOTIFICATION {
+            kept.remove(0);
+        }
+        kept.push(trace);
     }
 
     /// When the next notification falls due.
@@ -64,12 +84,13 @@ impl WaitingRoom {
     }
 
     /// The notifications due by `now`, oldest first, at most `max`.
-    pub fn take_due(&mut self, now: Instant, max: usize) -> Vec<(Target, Collapsed)> {
+    pub fn take_due(&mut self, now: Instant, max: usize) -> Vec<Due> {
         let mut due = Vec::new();
         while due.len() < max && self.order.front().is_some_and(|(at, _)| *at <= now) {
             let (_, target) = self.order.pop_front().expect("front exists");
             if let Some(w) = self.waiting.remove(&target) {
-                due.push((target, w));
+                let traces = self.traces.remove(&target).unwrap_or_default();
+                due.push((target, w, traces));
             }
         }
         due
@@ -109,6 +130,8 @@ pub struct PushScheduler {
     pub max_waiting: usize,
     /// Wakes the dispatcher once rows are written.
     pub dispatcher: Arc<Notify>,
+    /// Where the written notifications' trace contexts go for the dispatcher.
+    pub traces: Arc<PushTraces>,
 }
 
 impl PushScheduler {
@@ -143,20 +166,31 @@ impl PushScheduler {
     }
 
     /// Drops what was acked meanwhile and writes the rest for the dispatcher.
-    async fn hand_over(&self, due: Vec<(Target, Collapsed)>) {
+    async fn hand_over(&self, due: Vec<Due>) {
         if due.is_empty() {
             return;
         }
-        let checks: Vec<_> = due.iter().map(|((t, u, d, _), w)| (t.as_str(), u.as_str(), d.as_str(), w.id)).collect();
+        let checks: Vec<_> =
+            due.iter().map(|((t, u, d, _), w, _)| (t.as_str(), u.as_str(), d.as_str(), w.id)).collect();
         let unacked = super::unacked(&self.redis, &self.keys, &checks).await;
         let (send, quiet): (Vec<_>, Vec<_>) = due.into_iter().zip(unacked).partition(|(_, unacked)| *unacked);
         metrics::counter!("herald_push_quiet_total").increment(quiet.len() as u64);
-        let rows: Vec<(Target, Collapsed)> = send.into_iter().map(|(row, _)| row).collect();
+        let mut traced = Vec::new();
+        let mut rows: Vec<(Target, Collapsed)> = Vec::with_capacity(send.len());
+        for ((target, w, traces), _) in send {
+            if !traces.is_empty() {
+                traced.push((target.clone(), traces));
+            }
+            rows.push((target, w));
+        }
         if rows.is_empty() {
             return;
         }
         match self.store.upsert(&rows).await {
-            Ok(()) => self.dispatcher.notify_one(),
+            Ok(()) => {
+                self.traces.keep(traced);
+                self.dispatcher.notify_one();
+            }
             Err(e) => {
                 metrics::counter!("herald_push_errors_total", "stage" => "schedule").increment(1);
                 tracing::warn!(error = %e, notifications = rows.len(), source = "mysql", "push notifications not recorded");
@@ -177,6 +211,7 @@ mod tests {
             conv: conv.into(),
             id: MsgId(id),
             sender: sender.into(),
+            trace: None,
         }
     }
 
@@ -194,7 +229,8 @@ mod tests {
 
         let due = room.take_due(start + Duration::from_millis(100), 10);
         assert_eq!(due.len(), 1, "the other conversation is due 10 ms later");
-        let (target, w) = &due[0];
+        let (target, w, traces) = &due[0];
+        assert!(traces.is_empty(), "no message was traced");
         assert_eq!(target.3, "c");
         assert_eq!((w.count, w.id, w.sender.as_str()), (3, MsgId(9), "carol"), "names the latest message");
         // A message after the hand-over starts a new notification.
@@ -212,5 +248,22 @@ mod tests {
         assert!(!room.add(candidate("d", "c2", 2, "a"), now), "a second target does not fit");
         assert!(room.add(candidate("d", "c", 3, "a"), now), "the waiting one still collapses");
         assert_eq!(room.take_due(now + Duration::from_millis(100), 1)[0].1.count, 2);
+    }
+
+    #[test]
+    fn a_notification_carries_the_contexts_of_its_traced_messages() {
+        let now = Instant::now();
+        let mut room = WaitingRoom::new(Duration::from_millis(100), 10);
+        let traced = |id: u64, n: u8| PushCandidate {
+            trace: TraceParent::parse(&format!("00-4bf92f3577b34da6a3ce929d0e0e47{n:02x}-00f067aa0ba902b7-01")),
+            ..candidate("d", "c", id, "a")
+        };
+        assert!(room.add(traced(1, 1), now));
+        assert!(room.add(candidate("d", "c", 2, "a"), now), "an untraced message joins without a context");
+        assert!(room.add(traced(3, 3), now));
+        let due = room.take_due(now + Duration::from_millis(100), 10);
+        let (_, w, traces) = &due[0];
+        assert_eq!(w.count, 3);
+        assert_eq!(traces, &vec![traced(1, 1).trace.unwrap(), traced(3, 3).trace.unwrap()], "oldest first");
     }
 }

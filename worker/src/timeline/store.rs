@@ -155,6 +155,7 @@ pub async fn attempt(
             ts: now,
             body: p.body.clone(),
             event: Some(p.event.clone()),
+            trace: None,
         })
         .collect();
     let mut writes = writes(e, &plan, &committed, &joins, &leaves, &cap, now, s.first_retry_delay_ms);

@@ -8,6 +8,7 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::Json;
 use herald_shared::auth::{is_valid_ident, Claims, Platform};
 use herald_shared::keys::DeviceKey;
@@ -18,6 +19,7 @@ use serde_json::value::RawValue;
 
 use super::Service;
 use crate::error::{parse_json, ApiError, ApiResult};
+use crate::send_span::{traceparent, SendSpan};
 use crate::state::AppState;
 
 /// A message a service sends as a member (docs/protocol.md section 7.2).
@@ -41,30 +43,43 @@ fn sender_claims(service: &Service, sender: String) -> Claims {
     Claims { tid: s.tid.clone(), sub: sender, dev: s.sender_device(), plat: Platform::Server, exp: s.exp, iat: None }
 }
 
-pub async fn send(State(state): State<AppState>, service: Service, body: Bytes) -> ApiResult<Json<SendResult>> {
+/// `POST /v1/server/messages`; a valid `traceparent` header makes its trace the send's.
+pub async fn send(
+    State(state): State<AppState>,
+    service: Service,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<SendResult>> {
     let started = std::time::Instant::now();
     metrics::counter!("herald_sends_received_total", "transport" => "server").increment(1);
-    service.require(Scope::MessagesSend)?;
-    let req: ServerSendRequest = parse_json(&body)?;
-    if !is_valid_ident(&req.sender) {
-        return Err(ApiError::bad_request("as must be a user id (1..64 printable ASCII characters)"));
+    let mut span = SendSpan::start(&state.ingress.tracer, "server", &service.0.tid, traceparent(&headers));
+    let answer = async {
+        service.require(Scope::MessagesSend)?;
+        let req: ServerSendRequest = parse_json(&body)?;
+        span.describe(&req.conv, &req.idempotency_key);
+        if !is_valid_ident(&req.sender) {
+            return Err(ApiError::bad_request("as must be a user id (1..64 printable ASCII characters)"));
+        }
+        let key_len = req.idempotency_key.chars().count();
+        if !(1..=MAX_CMID_LEN).contains(&key_len) {
+            return Err(ApiError::bad_request(format!("idempotency_key must be 1..{MAX_CMID_LEN} characters")));
+        }
+        state.ingress.validate_send(&req.idempotency_key, &req.conv, &req.body)?;
+        let claims = sender_claims(&service, req.sender);
+        if let Err(wait) = state.limits.http_send(&DeviceKey::of(&claims)) {
+            metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
+            return Err(ApiError::rate_limited(wait));
+        }
+        if let Err(wait) = state.limits.tenant_send(&claims.tid) {
+            metrics::counter!("herald_rate_limited_total", "what" => "tenant_send").increment(1);
+            return Err(ApiError::rate_limited(wait));
+        }
+        let waiter = state.ingress.enqueue_send(&claims, req.idempotency_key, req.conv, req.body, span.context())?;
+        state.ingress.committed(waiter, "server").await
     }
-    let key_len = req.idempotency_key.chars().count();
-    if !(1..=MAX_CMID_LEN).contains(&key_len) {
-        return Err(ApiError::bad_request(format!("idempotency_key must be 1..{MAX_CMID_LEN} characters")));
-    }
-    state.ingress.validate_send(&req.idempotency_key, &req.conv, &req.body)?;
-    let claims = sender_claims(&service, req.sender);
-    if let Err(wait) = state.limits.http_send(&DeviceKey::of(&claims)) {
-        metrics::counter!("herald_rate_limited_total", "what" => "send").increment(1);
-        return Err(ApiError::rate_limited(wait));
-    }
-    if let Err(wait) = state.limits.tenant_send(&claims.tid) {
-        metrics::counter!("herald_rate_limited_total", "what" => "tenant_send").increment(1);
-        return Err(ApiError::rate_limited(wait));
-    }
-    let waiter = state.ingress.enqueue_send(&claims, req.idempotency_key, req.conv, req.body)?;
-    let result = state.ingress.committed(waiter, "server").await?;
+    .await;
+    span.finish(&answer);
+    let result = answer?;
     metrics::histogram!("herald_send_ack_seconds", "transport" => "server").record(started.elapsed().as_secs_f64());
     Ok(Json(result))
 }
