@@ -4,6 +4,8 @@
 //! worker's spans join its trace. With tracing off, or the send not sampled, it records
 //! nothing and costs a branch per call.
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use herald_shared::error::ErrorCode;
 use herald_shared::otel::propagation::HEADER;
@@ -15,7 +17,20 @@ use crate::error::ApiResult;
 
 /// The context an HTTP client passed in its `traceparent` header; `None` when there is
 /// none or it is not valid (the send then starts a trace of its own, never an error).
-pub fn traceparent(headers: &HeaderMap) -> Option<TraceParent> {
+/// An extractor that reads that one header, so a send does not copy the request's
+/// header map for it.
+#[derive(Debug)]
+pub struct CallerTrace(pub Option<TraceParent>);
+
+impl<S: Send + Sync> FromRequestParts<S> for CallerTrace {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(CallerTrace(traceparent(&parts.headers)))
+    }
+}
+
+fn traceparent(headers: &HeaderMap) -> Option<TraceParent> {
     let mut values = headers.get_all(HEADER).iter();
     let value = values.next()?;
     // Two headers are no context (W3C Trace Context, "traceparent" header).

@@ -8,7 +8,6 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::Json;
 use herald_shared::db::TextColumns;
 use herald_shared::error::ErrorCode;
@@ -20,7 +19,7 @@ use sqlx::Row;
 
 use crate::api::auth::Caller;
 use crate::error::{parse_json, ApiError, ApiResult};
-use crate::send_span::{traceparent, SendSpan};
+use crate::send_span::{CallerTrace, SendSpan};
 use crate::state::AppState;
 
 #[derive(Deserialize)]
@@ -56,12 +55,12 @@ pub async fn read(
 pub async fn send(
     State(state): State<AppState>,
     Caller(c): Caller,
-    headers: HeaderMap,
+    CallerTrace(parent): CallerTrace,
     body: Bytes,
 ) -> ApiResult<Json<SendResult>> {
     let started = std::time::Instant::now();
     metrics::counter!("herald_sends_received_total", "transport" => "http").increment(1);
-    let mut span = SendSpan::start(&state.ingress.tracer, "http", &c.tid, traceparent(&headers));
+    let mut span = SendSpan::start(&state.ingress.tracer, "http", &c.tid, parent);
     let answer = async {
         let req: SendRequest = parse_json(&body)?;
         span.describe(&req.conv, &req.cmid);

@@ -8,7 +8,6 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::Json;
 use herald_shared::auth::{is_valid_ident, Claims, Platform};
 use herald_shared::keys::DeviceKey;
@@ -19,7 +18,7 @@ use serde_json::value::RawValue;
 
 use super::Service;
 use crate::error::{parse_json, ApiError, ApiResult};
-use crate::send_span::{traceparent, SendSpan};
+use crate::send_span::{CallerTrace, SendSpan};
 use crate::state::AppState;
 
 /// A message a service sends as a member (docs/protocol.md section 7.2).
@@ -47,12 +46,12 @@ fn sender_claims(service: &Service, sender: String) -> Claims {
 pub async fn send(
     State(state): State<AppState>,
     service: Service,
-    headers: HeaderMap,
+    CallerTrace(parent): CallerTrace,
     body: Bytes,
 ) -> ApiResult<Json<SendResult>> {
     let started = std::time::Instant::now();
     metrics::counter!("herald_sends_received_total", "transport" => "server").increment(1);
-    let mut span = SendSpan::start(&state.ingress.tracer, "server", &service.0.tid, traceparent(&headers));
+    let mut span = SendSpan::start(&state.ingress.tracer, "server", &service.0.tid, parent);
     let answer = async {
         service.require(Scope::MessagesSend)?;
         let req: ServerSendRequest = parse_json(&body)?;
