@@ -230,6 +230,7 @@ mod tests {
             ts: 1,
             body: "{}".into(),
             event: None,
+            trace: None,
         }
     }
 

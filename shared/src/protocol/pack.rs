@@ -11,10 +11,10 @@
 //! only while every live worker has said it reads them (`Keys::packing_workers`).
 //!
 //! A traced send's row has an 8th element, its `traceparent` (`crate::otel`); only
-//! traced sends have it, so with tracing off (the default) every row has seven. This
-//! version reads rows of seven elements or more, ignoring what it does not know past the
-//! seventh; a worker before it reads exactly seven and drops a pack holding an 8-element
-//! row as malformed (docs/operations.md, upgrade notes).
+//! traced sends have it, so with tracing off (the default) every row has seven. Packs
+//! and this element came in the same release, so every pack reader knows it; rows are
+//! read with seven elements or more, ignoring what is not known past the eighth (a
+//! later release's addition).
 
 use std::fmt;
 
@@ -250,18 +250,6 @@ mod tests {
             let Some(IngressRequest::Sends(read)) = IngressRequest::from_fields(&f) else { panic!("{p}") };
             assert_eq!((read[0].cmid.as_str(), read[0].body.as_str(), read[0].trace), ("m1", "1", trace), "{p}");
         }
-    }
-
-    /// What docs/operations.md says of a worker before traces: its rows were 7-tuples,
-    /// and a pack holding a longer row does not read as one.
-    #[test]
-    fn a_reader_of_exact_seven_tuples_refuses_an_eighth_element() {
-        type OldRow = (String, String, String, String, String, u64, Box<RawValue>);
-        let traced = PackedSend { trace: TraceParent::parse(TRACE), ..send("m1", "1") };
-        let p = &fields(to_fields("gw-1", &[traced]))["p"];
-        assert!(serde_json::from_str::<Vec<OldRow>>(p).is_err());
-        let untraced = &fields(to_fields("gw-1", &[send("m1", "1")]))["p"];
-        assert!(serde_json::from_str::<Vec<OldRow>>(untraced).is_ok(), "untraced rows are as before");
     }
 
     #[test]
