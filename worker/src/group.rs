@@ -199,7 +199,11 @@ impl GroupCommitter {
             }
         }
         self.answer(&results).await;
-        spans::commits(&s.tracer, started, &results, &mut committed);
+        if started.is_some() {
+            let batches: Vec<(&[IngressEntry], &[Outcome])> =
+                results.iter().map(|(r, outcomes)| (r.entries.as_slice(), outcomes.as_slice())).collect();
+            spans::commits(&s.tracer, started, &batches, &mut committed);
+        }
         for result in committed.into_iter().filter(|r| r.outbox_id.is_some()) {
             // A fan-out stage gone (stopping, restarting) leaves the event to the outbox
             // dispatcher, which redoes it after `outbox.first_retry_delay_ms`.

@@ -13,10 +13,10 @@ use std::time::SystemTime;
 use herald_shared::ids::MsgId;
 use herald_shared::otel::span::{COMMIT, FANOUT};
 use herald_shared::otel::{attr, HeraldSpan, SpanKind, TraceParent, Tracer};
+use herald_shared::protocol::IngressEntry;
 
 use crate::commit::{BatchResult, Outcome};
 use crate::fanout::FanoutError;
-use crate::group::CommitRequest;
 
 /// When the shared work began; `None` with tracing off (not even the clock is read).
 pub fn begin(tracer: &Tracer) -> Option<SystemTime> {
@@ -24,17 +24,18 @@ pub fn begin(tracer: &Tracer) -> Option<SystemTime> {
 }
 
 /// Records the commit span of every traced send of a committed group (`started` to
-/// now), and makes each committed message's span its parent for the fan-out.
+/// now), and makes each committed message's span its parent for the fan-out. `results`
+/// are the group's batches: each one's entries and their outcomes, in order.
 pub fn commits(
     tracer: &Tracer,
     started: Option<SystemTime>,
-    results: &[(CommitRequest, Vec<Outcome>)],
+    results: &[(&[IngressEntry], &[Outcome])],
     committed: &mut [BatchResult],
 ) {
     let Some(started) = started else { return };
-    let batch: usize = results.iter().map(|(r, _)| r.entries.len()).sum();
+    let batch: usize = results.iter().map(|(entries, _)| entries.len()).sum();
     let mut parents: HashMap<MsgId, TraceParent> = HashMap::new();
-    for (e, outcome) in results.iter().flat_map(|(r, outcomes)| r.entries.iter().zip(outcomes)) {
+    for (e, outcome) in results.iter().flat_map(|(entries, outcomes)| entries.iter().zip(outcomes.iter())) {
         let Some(send) = e.trace else { continue };
         let mut span = tracer.start_at(COMMIT, SpanKind::Consumer, Some(send), &[], Some(started));
         span.set_str(attr::TENANT, &e.tenant);
