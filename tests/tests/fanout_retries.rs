@@ -109,6 +109,10 @@ async fn a_message_whose_fan_out_is_retried_is_not_delivered_until_a_device_acks
     alice.create_conversation(Some("g"), "group", &["alice", "bob"]).await.unwrap();
     alice.create_conversation(Some("control"), "direct", &["alice", "bob"]).await.unwrap();
     let bob = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    // Bob's session is past its first backlog read once a message pushed in realtime
+    // reaches it: a read of the broken set below would close the session instead.
+    let m0 = alice.send("m0", "control", &json!("hello")).await.unwrap();
+    eventually(Duration::from_secs(10), "bob is online", || async { bob.ids().contains(&m0.id.0).then_some(()) }).await;
 
     break_pending(&c, "bob", "b1", true).await;
     let m1 = alice.send("m1", "g", &json!("first")).await.unwrap();
