@@ -28,6 +28,7 @@ mod frames;
 mod redis_server;
 mod scenario;
 mod service;
+mod streams;
 mod wait;
 mod wiretap;
 
@@ -44,6 +45,7 @@ pub use frames::{ack_frame, send_frame};
 pub use redis_server::{free_port, spawn_redis_server, RedisServer};
 pub use scenario::{assert_clean, run_scenario, scenario_cluster, scenario_out};
 pub use service::service_token;
+pub use streams::entries_added;
 pub use wait::eventually;
 pub use wiretap::{Tapped, WireTap};
 

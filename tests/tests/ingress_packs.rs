@@ -10,22 +10,8 @@ use herald_client::ClientError;
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::now_ms;
 use herald_tests::drill::metric;
-use herald_tests::{eventually, AutoDevice, Cluster};
+use herald_tests::{entries_added, eventually, AutoDevice, Cluster};
 use serde_json::json;
-
-/// Entries ever added to the (only) ingress stream: committed entries leave it, so its
-/// length says nothing after the fact, but this counter keeps every one.
-async fn entries_added(redis: &Client, key: &str) -> u64 {
-    let info: Vec<Value> = redis.xinfo_stream(key, false, None).await.expect("the stream exists");
-    let mut fields = info.into_iter();
-    while let Some(name) = fields.next() {
-        let value = fields.next();
-        if name.as_str().as_deref() == Some("entries-added") {
-            return value.and_then(|v| v.as_u64()).expect("a count");
-        }
-    }
-    panic!("XINFO STREAM without entries-added (Redis 7 has it)");
-}
 
 /// One worker and one gateway on one ingress shard (so every send meets one stream),
 /// device limits far above a burst, and the conversation `ab` of alice and bob.

@@ -14,9 +14,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use fred::prelude::*;
 use herald_tests::faults::{signal, terminate_gateway};
-use herald_tests::{eventually, AutoDevice, Cluster, TENANT};
+use herald_tests::{entries_added, eventually, AutoDevice, Cluster, TENANT};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
@@ -215,19 +214,6 @@ async fn a_traced_send_is_one_trace_from_the_gateway_to_the_push() {
             assert!(!body.contains(secret), "a span holds {secret:?}");
         }
     }
-}
-
-/// Entries ever added to the (only) ingress stream.
-async fn entries_added(redis: &fred::prelude::Client, key: &str) -> u64 {
-    let info: Vec<Value> = redis.xinfo_stream(key, false, None).await.expect("the stream exists");
-    let mut fields = info.into_iter();
-    while let Some(name) = fields.next() {
-        let value = fields.next();
-        if name.as_str().as_deref() == Some("entries-added") {
-            return value.and_then(|v| v.as_u64()).expect("a count");
-        }
-    }
-    panic!("XINFO STREAM without entries-added");
 }
 
 /// A WebSocket burst packs into shared stream entries, each send with its context in
