@@ -50,7 +50,7 @@ LAYERS = {
         [""],
     ],
     "worker": [
-        ["lease", "batch", "projections", "janitor"],
+        ["lease", "batch", "projections", "janitor", "notices"],
         ["seq_floor"],
         ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer", "timeline", "spans"],

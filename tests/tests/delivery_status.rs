@@ -179,3 +179,62 @@ async fn the_status_of_a_message_is_for_its_sender_alone() {
     assert_eq!(malformed, (400, Some("bad_request".into())));
     b1.stop().await;
 }
+
+/// Transactions of this test's database waiting for a row lock.
+async fn lock_waits(db: &sqlx::MySqlPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.innodb_trx t \
+         JOIN information_schema.processlist p ON p.ID = t.trx_mysql_thread_id \
+         WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap()
+}
+
+/// A delivered position whose write waits on a member row's lock holds up positions
+/// only: a send to another conversation of the same shard is still answered, and the
+/// position is written once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivered_position_waiting_on_a_lock_holds_up_no_send_of_its_shard() {
+    let mut c = Cluster::new("dlv-lane");
+    c.set("HERALD_INGRESS__SHARDS", "1");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("x"), "direct", &["alice", "bob"]).await.unwrap();
+    alice.create_conversation(Some("y"), "direct", &["alice", "carol"]).await.unwrap();
+
+    // Bob's member row in x is held by another transaction: his delivered position
+    // there cannot be written until it ends.
+    let db = c.db().await;
+    let mut holder = db.begin().await.unwrap();
+    let _: u64 =
+        sqlx::query_scalar("SELECT delivered_seq FROM members WHERE conv_id = 'x' AND user_id = 'bob' FOR UPDATE")
+            .fetch_one(&mut *holder)
+            .await
+            .unwrap();
+    let b1 = device(&c, "bob", "b1", false).await;
+    alice.send("x1", "x", &json!({"text": "to bob"})).await.unwrap();
+    eventually(Duration::from_secs(10), "bob's device acks x1", || async { (!b1.ids().is_empty()).then_some(()) })
+        .await;
+    eventually(Duration::from_secs(15), "bob's delivered position waits on the lock", || async {
+        (lock_waits(&db).await > 0).then_some(())
+    })
+    .await;
+
+    // The shard's next sends do not wait for it.
+    let sent = alice.send("y1", "y", &json!({"text": "to carol"})).await;
+    assert_eq!(sent.expect("a send on the shard is answered while a position waits").seq, 1);
+
+    holder.rollback().await.unwrap();
+    eventually(Duration::from_secs(15), "bob's delivered position in x is written", || async {
+        let seq: u64 = sqlx::query_scalar("SELECT delivered_seq FROM members WHERE conv_id = 'x' AND user_id = 'bob'")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        (seq == 1).then_some(())
+    })
+    .await;
+    b1.stop().await;
+}

@@ -87,7 +87,7 @@ impl DeliveredPositions {
         let mut convs = self.read_members(&highest).await?;
         let pairs: BTreeSet<(&str, &str)> = highest.keys().map(|(t, c, _)| (*t, *c)).collect();
         let held = unfinished::lowest_unfinished(&self.db, &self.redis, &self.keys, &pairs).await?;
-        // Only this shard's consumer moves these positions, so what was read is current.
+        // Only this shard's position lane moves these positions, so what was read is current.
         let mut moves: Vec<(&str, &str, &str, u64)> = Vec::new();
         for (&(tenant, conv, user), &seq) in &highest {
             let key = (tenant.to_owned(), conv.to_owned());
@@ -218,12 +218,10 @@ impl DeliveredPositions {
                 }
             }
         }
-        for (node, env) in by_node {
-            let pushes = env.status.len() as u64;
-            let payload = serde_json::to_string(&env).expect("envelope serializes");
-            herald_shared::redis::publish_to_node(self.redis.next(), self.keys.node_channel(&node), payload).await?;
-            metrics::counter!("herald_status_pushes_total").increment(pushes);
-        }
+        // One pipeline for every node.
+        crate::notices::publish(&self.redis, &self.keys, &by_node).await?;
+        let pushes: usize = by_node.values().map(|env| env.status.len()).sum();
+        metrics::counter!("herald_status_pushes_total").increment(pushes as u64);
         Ok(())
     }
 }

@@ -20,7 +20,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fred::prelude::*;
 use herald_shared::protocol::{IngressEntry, NodeEnvelope, SendNotice, SendOutcome};
 use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +30,7 @@ use crate::commit::{BatchResult, Fence, Outcome};
 use crate::committer::ShardCommitter;
 use crate::context::WorkerContext;
 use crate::lease::Lease;
+use crate::notices::publish;
 use crate::spans;
 
 /// One shard's batch, waiting to be committed.
@@ -245,23 +245,6 @@ impl GroupCommitter {
             tracing::warn!(error = %e, "could not publish send notices");
         }
     }
-}
-
-/// Publishes envelopes to their nodes' channels in one pipeline.
-pub async fn publish(
-    redis: &Pool,
-    keys: &herald_shared::keys::Keys,
-    by_node: &BTreeMap<&str, NodeEnvelope>,
-) -> Result<(), Error> {
-    if by_node.is_empty() {
-        return Ok(());
-    }
-    let pipe = redis.next().pipeline();
-    for (node, env) in by_node {
-        let payload = serde_json::to_string(env).expect("envelope serializes");
-        herald_shared::redis::publish_to_node(&pipe, keys.node_channel(node), payload).await?;
-    }
-    pipe.all::<Value>().await.map(|_| ())
 }
 
 impl FanoutStage {

@@ -30,6 +30,7 @@ pub mod group;
 pub mod ingress;
 pub mod janitor;
 pub mod lease;
+pub mod notices;
 pub mod outbox;
 pub mod projections;
 pub mod push;

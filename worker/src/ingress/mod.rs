@@ -6,9 +6,9 @@
 //! held, and a new owner first claims every entry the previous one left pending
 //! (XAUTOCLAIM), so no accepted send is dropped and each stream has one consumer at
 //! a time (per-conversation order). The consumer and its batches: [`shard`]; its read
-//! receipts, applied beside it: [`read_lane`].
+//! receipts and delivered positions, applied beside it: [`position_lane`].
 
-mod read_lane;
+mod position_lane;
 mod shard;
 
 use std::collections::BTreeMap;

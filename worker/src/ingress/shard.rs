@@ -1,10 +1,10 @@
 //! One ingress stream's consumer ([`IngressShard`]): it takes over what a previous
 //! owner left pending, then reads batches and commits each in stream order: runs of
 //! sends (single entries and gateways' packs of sends, unpacked in order) through the
-//! group committer, timeline changes one by one, then the batch's
-//! delivered positions; its read receipts go to the shard's read lane (`read_lane`),
-//! so that no flood of reads holds up the next batch. Committed entries leave the
-//! stream.
+//! group committer, and timeline changes one by one; its read receipts and delivered
+//! positions then go to the shard's position lane (`position_lane`), so that neither a
+//! flood of reads nor a position write waiting on a lock or an fsync holds up the next
+//! batch. Committed entries leave the stream.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,16 +20,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::commit::{BatchResult, Fence};
 use crate::context::WorkerContext;
-use crate::group::{publish, CommitQueue, CommitRequest};
+use crate::group::{CommitQueue, CommitRequest};
 use crate::lease::Lease;
+use crate::notices::publish;
 
-use super::read_lane::{ReadBatch, ReadLane};
+use super::position_lane::{PositionLane, Positions};
 
 type Entry = XReadValue<String, String, String>;
-
-/// Delivered positions applied per statement at most: a batch of entries may carry
-/// many (a gateway writes up to 512 per entry).
-const DELIVERED_CHUNK: usize = 2_048;
 
 /// The consumer of one ingress stream.
 pub struct IngressShard {
@@ -85,7 +82,7 @@ impl IngressShard {
         };
         let _ = client.init().await;
         let lane =
-            ReadLane::spawn(self.shared.clone(), self.key.clone(), self.shard, self.lease.clone(), cancel.clone());
+            PositionLane::spawn(self.shared.clone(), self.key.clone(), self.shard, self.lease.clone(), cancel.clone());
         while !cancel.is_cancelled() && self.lease.is_valid() {
             match self.consume(&client, &cancel, &lane).await {
                 Ok(()) => break,
@@ -100,7 +97,7 @@ impl IngressShard {
         let _ = client.quit().await;
     }
 
-    async fn consume(&self, client: &Client, cancel: &CancellationToken, lane: &ReadLane) -> Result<(), Error> {
+    async fn consume(&self, client: &Client, cancel: &CancellationToken, lane: &PositionLane) -> Result<(), Error> {
         let me = self.shared.cfg.node_id.as_str();
         let count = self.shared.cfg.worker.batch_max as u64;
         match client.xgroup_create::<(), _, _, _>(&self.key, INGRESS_GROUP, "0", true).await {
@@ -171,23 +168,22 @@ impl IngressShard {
     }
 
     /// Commits one batch (through the group committer, which answers and fans out): its
-    /// sends and timeline changes in stream order, then its delivered positions, and
-    /// hands its reads to the read lane (which acknowledges them once applied); the ids
-    /// of its entries left to acknowledge (a timeline change is acknowledged as soon as
-    /// it commits). `Ok(None)` when the shard must stop (lease
-    /// lost or shutdown) with the rest of the batch left pending.
+    /// sends and timeline changes in stream order, then hands its reads and delivered
+    /// positions to the position lane (which acknowledges them once applied); the ids of
+    /// its entries left to acknowledge (a timeline change is acknowledged as soon as it
+    /// commits). `Ok(None)` when the shard must stop (lease lost or shutdown) with the
+    /// rest of the batch left pending.
     async fn process(
         &self,
         client: &Client,
         entries: Vec<Entry>,
         cancel: &CancellationToken,
-        lane: &ReadLane,
+        lane: &PositionLane,
     ) -> Result<Option<Vec<String>>, Error> {
         let s = &self.shared;
         let mut xids = Vec::with_capacity(entries.len());
         let mut steps: Vec<Step> = Vec::new();
-        let (mut reads, mut read_xids) = (Vec::new(), Vec::new());
-        let mut delivered = Vec::new();
+        let mut positions = Positions::default();
         let batch_max = s.cfg.worker.batch_max;
         let now = now_ms();
         for (xid, fields) in &entries {
@@ -200,12 +196,12 @@ impl IngressShard {
                 Some(IngressRequest::Sends(pack)) => add_sends(&mut steps, pack, xid, batch_max),
                 Some(IngressRequest::Timeline(t)) => steps.push(Step::Timeline(Box::new(t), xid.clone())),
                 Some(IngressRequest::Read(r)) => {
-                    reads.push(r);
-                    read_xids.push(xid.clone());
+                    positions.reads.push(r);
+                    positions.xids.push(xid.clone());
                 }
                 Some(IngressRequest::Delivered(d)) => {
-                    delivered.extend(d);
-                    xids.push(xid.clone());
+                    positions.delivered.extend(d);
+                    positions.xids.push(xid.clone());
                 }
                 None => {
                     tracing::warn!(shard = self.shard, xid, "malformed ingress entry dropped");
@@ -256,28 +252,10 @@ impl IngressShard {
         }
         xids.append(&mut committed);
 
-        // Reads after the sends of the batch, so a read of a message in it is not capped;
-        // applied by the lane while this shard goes on.
-        if !reads.is_empty() && lane.queue.send(ReadBatch { reads, xids: read_xids }).await.is_err() {
+        // Positions after the sends of the batch, so a position of a message in it is not
+        // capped; applied by the lane while this shard goes on.
+        if !positions.is_empty() && lane.queue.send(positions).await.is_err() {
             return Ok(None);
-        }
-        // Delivered positions last: nobody waits for them. In bounded statements, each
-        // conversation's positions together.
-        delivered.sort_by(|a, b| (&a.tenant, &a.conv).cmp(&(&b.tenant, &b.conv)));
-        for chunk in delivered.chunks(DELIVERED_CHUNK) {
-            loop {
-                if cancel.is_cancelled() || !self.lease.is_valid() {
-                    return Ok(None);
-                }
-                match s.delivered.apply(chunk).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        metrics::counter!("herald_mysql_errors_total").increment(1);
-                        tracing::warn!(shard = self.shard, error = %e, "delivered positions failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            }
         }
         Ok(Some(xids))
     }
