@@ -12,10 +12,12 @@
 //! [`ShardCommitter`] (retries, poison isolation, fencing), so one shard's trouble
 //! stays its own.
 //!
-//! After COMMIT the committer answers the senders, then hands the fan-out to the
-//! [`FanoutStage`], in commit order, and goes on to the next commit while it runs. The
-//! stage fans out every commit that finished meanwhile in one go. (Messages of one
-//! conversation are in one shard, so their fan-outs keep its order.)
+//! After COMMIT the committer queues the fan-out for the [`FanoutStage`], in commit
+//! order, and then lets the shards read on; it answers the senders meanwhile, so the
+//! answers' round trip to Redis is not on the path of a shard's next batch. The stage
+//! fans out every commit that finished meanwhile in one go. (Messages of one
+//! conversation are in one shard, and a shard reads on only once its fan-out is
+//! queued, so their fan-outs keep its order.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -151,7 +153,8 @@ impl GroupCommitter {
             let _ = r.done.send(false);
         }
         metrics::histogram!("herald_worker_group_batches").record(group.len() as f64);
-        let mut results: Vec<(CommitRequest, Vec<Outcome>)> = Vec::with_capacity(group.len());
+        let mut results: Vec<(Vec<IngressEntry>, Vec<Outcome>)> = Vec::with_capacity(group.len());
+        let mut dones = Vec::with_capacity(group.len());
         let mut committed: Vec<BatchResult> = Vec::new();
         // Together first; on any failure, each on its own.
         let together = if group.len() > 1 {
@@ -172,7 +175,8 @@ impl GroupCommitter {
                 let mut outcomes = std::mem::take(&mut result.outcomes).into_iter();
                 for r in group {
                     let mine: Vec<Outcome> = outcomes.by_ref().take(r.entries.len()).collect();
-                    results.push((r, mine));
+                    results.push((r.entries, mine));
+                    dones.push(r.done);
                 }
                 committed.push(result);
             }
@@ -194,34 +198,40 @@ impl GroupCommitter {
                         mine.append(&mut part.outcomes);
                         committed.push(part);
                     }
-                    results.push((r, mine));
+                    results.push((r.entries, mine));
+                    dones.push(r.done);
                 }
             }
         }
-        self.answer(&results).await;
         if started.is_some() {
             let batches: Vec<(&[IngressEntry], &[Outcome])> =
-                results.iter().map(|(r, outcomes)| (r.entries.as_slice(), outcomes.as_slice())).collect();
+                results.iter().map(|(entries, outcomes)| (entries.as_slice(), outcomes.as_slice())).collect();
             spans::commits(&s.tracer, started, &batches, &mut committed);
         }
-        for result in committed.into_iter().filter(|r| r.outbox_id.is_some()) {
-            // A fan-out stage gone (stopping, restarting) leaves the event to the outbox
-            // dispatcher, which redoes it after `outbox.first_retry_delay_ms`.
-            tokio::select! {
-                _ = self.fanouts.send(result) => {}
-                _ = cancel.cancelled() => {}
+        // The senders are answered while the fan-outs are queued and the shards read on:
+        // neither waits for the other (a full fan-out queue holds up the shards, not the
+        // answers; the answers' round trip holds up neither).
+        let read_on = async {
+            for result in committed.into_iter().filter(|r| r.outbox_id.is_some()) {
+                // A fan-out stage gone (stopping, restarting) leaves the event to the
+                // outbox dispatcher, which redoes it after `outbox.first_retry_delay_ms`.
+                tokio::select! {
+                    _ = self.fanouts.send(result) => {}
+                    _ = cancel.cancelled() => {}
+                }
             }
-        }
-        for (r, _) in results {
-            let _ = r.done.send(true);
-        }
+            for done in dones {
+                let _ = done.send(true);
+            }
+        };
+        tokio::join!(self.answer(&results), read_on);
     }
 
     /// Answers the waiting gateways, one message per node.
-    async fn answer(&self, results: &[(CommitRequest, Vec<Outcome>)]) {
+    async fn answer(&self, results: &[(Vec<IngressEntry>, Vec<Outcome>)]) {
         let s = &self.shared;
         let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
-        for (e, outcome) in results.iter().flat_map(|(r, o)| r.entries.iter().zip(o)) {
+        for (e, outcome) in results.iter().flat_map(|(entries, o)| entries.iter().zip(o)) {
             let outcome = match outcome {
                 Outcome::Done(r) => {
                     if r.dup {
