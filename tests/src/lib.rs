@@ -15,6 +15,7 @@
 //! - [`send_frame`], [`ack_frame`] (`frames`): client frames tests build often.
 //! - `Cluster::service` (`service`): a backend's client of the server API.
 //! - [`eventually`] (`wait`): polling until a condition holds.
+//! - [`statements_waiting`] (`locks`): statements waiting, for a row lock held by the test.
 //! - [`WireTap`] (`wiretap`): a proxy that records what a client puts on the wire.
 //! - [`run_scenario`] (`scenario`): a load-test scenario against a cluster, its report.
 //! - [`drill`], [`faults`], [`redis_cluster`]: fault drills, injected faults, Redis Cluster;
@@ -25,6 +26,7 @@ mod backlog;
 mod cluster;
 mod device;
 mod frames;
+mod locks;
 mod redis_server;
 mod scenario;
 mod service;
@@ -42,6 +44,7 @@ pub use backlog::{fill_backlog, pending_ids, Fill};
 pub use cluster::{bin, shared_redis_url, Cluster, Proc};
 pub use device::{AutoDevice, Seen};
 pub use frames::{ack_frame, send_frame};
+pub use locks::statements_waiting;
 pub use redis_server::{free_port, spawn_redis_server, RedisServer};
 pub use scenario::{assert_clean, run_scenario, scenario_cluster, scenario_out};
 pub use service::service_token;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use herald_client::device::DeviceSpec;
 use herald_shared::protocol::{DeliveryStatus, ServerFrame};
-use herald_tests::{eventually, AutoDevice, Cluster};
+use herald_tests::{eventually, statements_waiting, AutoDevice, Cluster};
 use serde_json::json;
 
 /// A device of `user` that acks everything and, with `status`, asks for `delivered`.
@@ -180,18 +180,6 @@ async fn the_status_of_a_message_is_for_its_sender_alone() {
     b1.stop().await;
 }
 
-/// Transactions of this test's database waiting for a row lock.
-async fn lock_waits(db: &sqlx::MySqlPool) -> i64 {
-    sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.innodb_trx t \
-         JOIN information_schema.processlist p ON p.ID = t.trx_mysql_thread_id \
-         WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()",
-    )
-    .fetch_one(db)
-    .await
-    .unwrap()
-}
-
 /// A delivered position whose write waits on a member row's lock holds up positions
 /// only: a send to another conversation of the same shard is still answered, and the
 /// position is written once the lock is gone.
@@ -209,17 +197,18 @@ async fn a_delivered_position_waiting_on_a_lock_holds_up_no_send_of_its_shard() 
     // there cannot be written until it ends.
     let db = c.db().await;
     let mut holder = db.begin().await.unwrap();
-    let _: u64 =
-        sqlx::query_scalar("SELECT delivered_seq FROM members WHERE conv_id = 'x' AND user_id = 'bob' FOR UPDATE")
-            .fetch_one(&mut *holder)
-            .await
-            .unwrap();
+    let _: u64 = sqlx::query_scalar(
+        "SELECT delivered_seq FROM members WHERE tenant_id = 'acme' AND conv_id = 'x' AND user_id = 'bob' FOR UPDATE",
+    )
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
     let b1 = device(&c, "bob", "b1", false).await;
     alice.send("x1", "x", &json!({"text": "to bob"})).await.unwrap();
     eventually(Duration::from_secs(10), "bob's device acks x1", || async { (!b1.ids().is_empty()).then_some(()) })
         .await;
     eventually(Duration::from_secs(15), "bob's delivered position waits on the lock", || async {
-        (lock_waits(&db).await > 0).then_some(())
+        (statements_waiting(&db).await > 0).then_some(())
     })
     .await;
 
