@@ -50,7 +50,7 @@ LAYERS = {
         [""],
     ],
     "worker": [
-        ["lease", "batch", "projections", "janitor", "notices"],
+        ["lease", "batch", "projections", "janitor", "notices", "commit_slots"],
         ["seq_floor"],
         ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer", "timeline", "spans"],

@@ -206,6 +206,10 @@ pub const METRICS: &[Metric] = &[
     counter("herald_ingress_poison_total", "Ingress entries refused by MySQL one by one and set aside."),
     histogram("herald_worker_batch_size", "Sends per committed batch."),
     histogram("herald_worker_group_batches", "Batches per group commit."),
+    counter(
+        "herald_worker_commit_overlaps_total",
+        "Transactions of sends started beside another still in flight (it had run worker.commit_overlap_ms).",
+    ),
     histogram("herald_worker_commit_seconds", "Time to commit one group of batches to MySQL."),
     histogram(
         "herald_fanout_seconds",

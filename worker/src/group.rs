@@ -1,12 +1,13 @@
 //! Group commit: the shards a worker owns commit together.
 //!
 //! Each shard's consumer hands its batch to the worker's [`GroupCommitter`] and
-//! waits. The committer runs up to `worker.commits_in_flight` transactions at once;
-//! when a slot is free it takes every batch waiting at that moment (no linger: a lone
-//! batch goes at once) and commits them in one transaction. So at low load a batch
-//! commits as soon as it is read, and under load, while the slots are busy, batches
-//! group up and share a transaction's cost (its round trips and its fsync); a commit
-//! stuck on a lock holds one slot, not the worker. A shard still waits for its batch
+//! waits. The committer runs up to `worker.commits_in_flight` transactions at once,
+//! but starts one beside another only once that one has run `worker.commit_overlap_ms`
+//! ([`CommitSlots`]); when it may start one it takes every batch waiting at that moment
+//! (no linger: a lone batch goes at once) and commits them in one transaction. So a
+//! batch read while nothing commits commits at once, and batches read while a
+//! transaction runs group up and share the next one's cost (its round trips and its
+//! fsync); a commit stuck on a lock holds up the others for the overlap only. A shard still waits for its batch
 //! before reading the next, so each stream's order is kept, and two transactions in
 //! flight never hold the same shard (so never the same conversation). When the group fails, each batch runs on its own through the shard's
 //! [`ShardCommitter`] (retries, poison isolation, fencing), so one shard's trouble
@@ -21,14 +22,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use herald_shared::protocol::{IngressEntry, NodeEnvelope, SendNotice, SendOutcome};
-use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
+use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::{Committed, Recipient};
 use crate::commit::{BatchResult, Fence, Outcome};
+use crate::commit_slots::CommitSlots;
 use crate::committer::ShardCommitter;
 use crate::context::WorkerContext;
 use crate::lease::Lease;
@@ -102,15 +105,11 @@ impl GroupCommitter {
 
     pub async fn run(self, cancel: CancellationToken) {
         let mut rx = self.rx.lock().await;
-        let slots = Arc::new(Semaphore::new(self.shared.cfg.worker.commits_in_flight));
+        let cfg = &self.shared.cfg.worker;
+        let slots = CommitSlots::new(cfg.commits_in_flight, Duration::from_millis(cfg.commit_overlap_ms));
         let running = TaskTracker::new();
         let mut next: Option<CommitRequest> = None;
         loop {
-            // A free slot first: while every slot is busy, batches wait and group up.
-            let permit = tokio::select! {
-                _ = cancel.cancelled() => break,
-                p = slots.clone().acquire_owned() => p.expect("never closed"),
-            };
             let first = match next.take() {
                 Some(r) => r,
                 None => tokio::select! {
@@ -118,8 +117,16 @@ impl GroupCommitter {
                     r = rx.recv() => match r { Some(r) => r, None => break },
                 },
             };
+            // Then a slot: while the transactions in flight are busy (and the latest has
+            // not run `worker.commit_overlap_ms`), batches wait and group up.
+            let slot = tokio::select! {
+                _ = cancel.cancelled() => {
+                    next = Some(first);
+                    break;
+                }
+                s = slots.take() => s,
+            };
             // Everything waiting now, within one transaction's limits.
-            let cfg = &self.shared.cfg.worker;
             let (mut count, mut bytes) = (first.entries.len(), first.bytes());
             let mut group = vec![first];
             while let Ok(r) = rx.try_recv() {
@@ -133,7 +140,7 @@ impl GroupCommitter {
             let (me, cancel) = (self.clone(), cancel.clone());
             running.spawn(async move {
                 me.commit(group, &cancel).await;
-                drop(permit);
+                drop(slot);
             });
         }
         // Stopping: commits under way finish; what waits stays pending in its stream,

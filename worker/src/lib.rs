@@ -22,6 +22,7 @@
 pub mod admin;
 pub mod batch;
 pub mod commit;
+pub mod commit_slots;
 pub mod committer;
 pub mod context;
 pub mod delivered;

@@ -23,6 +23,15 @@ section! {
         /// committed together in one transaction (group commit): fewer, larger
         /// transactions cost MariaDB less per message (docs/benchmarks.md).
         pub commits_in_flight: usize = "2",
+        /// How long the latest transaction of sends in flight runs before another may
+        /// start beside it (up to `worker.commits_in_flight`); until then the batches
+        /// read meanwhile wait and group up into the next one. 0 starts one whenever a
+        /// slot is free.
+        ///
+        /// One transaction at a time is the cheapest while commits are quick; a commit
+        /// held up (a lock wait, a very large group) holds up the worker's other shards
+        /// for this long only (docs/capacity.md).
+        pub commit_overlap_ms: u64 = "20",
         /// How long one XREADGROUP blocks waiting for entries.
         pub batch_block_ms: u64 = "1000",
         /// Lease time of shard ownership and of the snowflake worker id; renewed at a third.
