@@ -319,10 +319,12 @@ async fn soak_with_churn_keeps_state_flat_and_delivers_everything() {
         ("HERALD_DELIVERY__DEVICE_TTL_S", "60"),
         ("HERALD_WORKER__JANITOR_INTERVAL_MS", "1000"),
         // A transaction per batch at this rate, so the outbox's row count follows the
-        // send rate and not the machine's load: with fewer commits in flight, batches
-        // group up while the box is busy (another test beside this one), which changes
-        // the rows written per second, not what is kept.
+        // send rate and not the machine's load: with fewer commits in flight, or a
+        // second one only after an overlap, batches group up while the box is busy
+        // (another test beside this one), which changes the rows written per second,
+        // not what is kept.
         ("HERALD_WORKER__COMMITS_IN_FLIGHT", "8"),
+        ("HERALD_WORKER__COMMIT_OVERLAP_MS", "0"),
         ("HERALD_GATEWAY__SEND_RATE", "100000"),
         ("HERALD_GATEWAY__SEND_BURST", "100000"),
     ] {
