@@ -23,10 +23,10 @@ section! {
         /// committed together in one transaction (group commit): fewer, larger
         /// transactions cost MariaDB less per message (docs/benchmarks.md).
         pub commits_in_flight: usize = "2",
-        /// How long the latest transaction of sends in flight runs before another may
-        /// start beside it (up to `worker.commits_in_flight`); until then the batches
-        /// read meanwhile wait and group up into the next one. 0 starts one whenever a
-        /// slot is free.
+        /// Milliseconds the latest transaction of sends runs before another may start beside it.
+        ///
+        /// Up to `worker.commits_in_flight`; until then the batches read meanwhile wait
+        /// and group up into the next one. 0 starts one whenever a slot is free.
         ///
         /// One transaction at a time is the cheapest while commits are quick; a commit
         /// held up (a lock wait, a very large group) holds up the worker's other shards
