@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use herald_client::device::DeviceSpec;
 use herald_shared::protocol::{DeliveryStatus, ServerFrame};
-use herald_tests::{eventually, statements_waiting, AutoDevice, Cluster};
+use herald_tests::{eventually, statements_waiting, AutoDevice, Cluster, TENANT};
 use serde_json::json;
 
 /// A device of `user` that acks everything and, with `status`, asks for `delivered`.
@@ -198,8 +198,9 @@ async fn a_delivered_position_waiting_on_a_lock_holds_up_no_send_of_its_shard() 
     let db = c.db().await;
     let mut holder = db.begin().await.unwrap();
     let _: u64 = sqlx::query_scalar(
-        "SELECT delivered_seq FROM members WHERE tenant_id = 'acme' AND conv_id = 'x' AND user_id = 'bob' FOR UPDATE",
+        "SELECT delivered_seq FROM members WHERE tenant_id = ? AND conv_id = 'x' AND user_id = 'bob' FOR UPDATE",
     )
+    .bind(TENANT)
     .fetch_one(&mut *holder)
     .await
     .unwrap();
