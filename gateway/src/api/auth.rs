@@ -35,7 +35,7 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let token = token_of(parts).ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "missing bearer token"))?;
-        let claims = state.sessions.identity.device(&token).await.map_err(refusal)?;
+        let claims = state.sessions.identity.device_of_request(&token).await.map_err(refusal)?;
         state.devices.register(&claims).await?;
         Ok(Caller(claims))
     }

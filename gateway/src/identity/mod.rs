@@ -9,23 +9,39 @@
 //!   trust file with its JWKS files and URLs; reloads it, keeping the last good keys.
 //! - `revocations`: per-user and per-device `not_before`, kept in Redis and announced
 //!   to every gateway.
+//! - `verified_tokens`: the HTTP API's tokens already verified under a key set.
 
 mod key_refresher;
 mod revocations;
+mod verified_tokens;
 
 use std::sync::{Arc, RwLock};
 
 use herald_shared::auth::{AuthError, Claims};
-use herald_shared::identity::{device_claims, KeySet, TokenKind};
+use herald_shared::identity::{device_claims, KeySet, TokenKind, Verified};
 use herald_shared::ids::now_ms;
 use herald_shared::service_token::{service_claims, ServiceClaims};
 
 pub use key_refresher::KeyRefresher;
 pub use revocations::{RevocationError, Revocations};
+use verified_tokens::VerifiedTokens;
+
+/// A key set, and the device tokens verified under it (for the HTTP API).
+#[derive(Debug)]
+struct Keys {
+    set: Arc<KeySet>,
+    verified: VerifiedTokens,
+}
+
+impl Keys {
+    fn new(set: KeySet) -> Arc<Keys> {
+        Arc::new(Keys { set: Arc::new(set), verified: VerifiedTokens::default() })
+    }
+}
 
 #[derive(Debug)]
 pub struct Identity {
-    keys: RwLock<Arc<KeySet>>,
+    keys: RwLock<Arc<Keys>>,
     pub revocations: Revocations,
     /// Told when a token names a key nobody knows: an identity provider may have
     /// rotated its keys, and the refresher reads them again early.
@@ -34,11 +50,19 @@ pub struct Identity {
 
 impl Identity {
     pub fn new(keys: KeySet, revocations: Revocations) -> Identity {
-        Identity { keys: RwLock::new(Arc::new(keys)), revocations, unknown_key: tokio::sync::Notify::new() }
+        Identity { keys: RwLock::new(Keys::new(keys)), revocations, unknown_key: tokio::sync::Notify::new() }
     }
 
-    fn verify(&self, token: &str, kind: TokenKind) -> Result<herald_shared::identity::Verified, AuthError> {
-        let verified = self.keys().verify_at(token, kind, now_ms() / 1000);
+    fn current(&self) -> Arc<Keys> {
+        self.keys.read().expect("key set").clone()
+    }
+
+    fn verify(&self, token: &str, kind: TokenKind) -> Result<Verified, AuthError> {
+        self.verify_with(&self.current().set, token, kind)
+    }
+
+    fn verify_with(&self, keys: &KeySet, token: &str, kind: TokenKind) -> Result<Verified, AuthError> {
+        let verified = keys.verify_at(token, kind, now_ms() / 1000);
         if verified.as_ref().is_err_and(|e| *e == AuthError::UnknownKey) {
             self.unknown_key.notify_one();
         }
@@ -47,13 +71,14 @@ impl Identity {
 
     /// The key set tokens are checked against now.
     pub fn keys(&self) -> Arc<KeySet> {
-        self.keys.read().expect("key set").clone()
+        self.current().set.clone()
     }
 
     /// Replaces the key set: tokens are checked against the new one from now on;
-    /// sessions already open stay (their tokens were valid when they opened).
+    /// sessions already open stay (their tokens were valid when they opened). Tokens
+    /// verified under the old set are verified again.
     pub fn replace(&self, keys: KeySet) {
-        *self.keys.write().expect("key set") = Arc::new(keys);
+        *self.keys.write().expect("key set") = Keys::new(keys);
     }
 
     /// A device token's claims, if a trusted key signed it for its tenant and its user
@@ -61,6 +86,27 @@ impl Identity {
     /// token for now ([`DeviceRefusal::Unavailable`]): never let a revoked one in.
     pub async fn device(&self, token: &str) -> Result<Claims, DeviceRefusal> {
         let claims = device_claims(self.verify(token, TokenKind::Device)?)?;
+        self.not_revoked(claims).await
+    }
+
+    /// [`Identity::device`] for an HTTP request: a token verified before under the
+    /// current key set and not expired is not verified again (`verified_tokens.rs`);
+    /// its revocations are checked all the same.
+    pub async fn device_of_request(&self, token: &str) -> Result<Claims, DeviceRefusal> {
+        let keys = self.current();
+        let now_s = now_ms() / 1000;
+        let claims = match keys.verified.get(token, now_s) {
+            Some(claims) => claims,
+            None => {
+                let claims = device_claims(self.verify_with(&keys.set, token, TokenKind::Device)?)?;
+                keys.verified.insert(token, &claims, keys.set.leeway_s());
+                claims
+            }
+        };
+        self.not_revoked(claims).await
+    }
+
+    async fn not_revoked(&self, claims: Claims) -> Result<Claims, DeviceRefusal> {
         match self.revocations.not_before(&claims.tid, &claims.sub, &claims.dev).await {
             Ok(Some(nbf)) if revoked_by(&claims, nbf) => Err(AuthError::Revoked.into()),
             Ok(_) => Ok(claims),
