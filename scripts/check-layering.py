@@ -51,7 +51,7 @@ LAYERS = {
     ],
     "worker": [
         ["lease", "batch", "projections", "janitor", "notices", "commit_slots"],
-        ["seq_floor"],
+        ["seq_floor", "script"],
         ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer", "timeline", "spans"],
         ["context", "server_check"],

@@ -18,10 +18,10 @@ use fred::prelude::*;
 use herald_shared::db::TextColumns;
 use herald_shared::keys::{DeviceKey, Keys, PresenceValue};
 use herald_shared::protocol::{ConversationKind, DeliveredEntry, DeliveryStatus, NodeEnvelope, StatusPush};
-use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, QueryBuilder, Row};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
+use sqlx::Row;
 
-use crate::batch::push_pairs;
+use crate::script::Script;
 
 /// A move covers at most this many messages below its new position for the senders it
 /// tells: a member back after a long absence does not make one batch read a long range
@@ -74,7 +74,8 @@ fn count(members: &[Member], sender: &str, seq: u64) -> u64 {
 
 impl DeliveredPositions {
     /// Moves the positions of `entries` forward, then tells the senders: one read of
-    /// the conversations' members, one upsert of the positions that moved, and per
+    /// the conversations' members (with the outbox's unfinished events), one upsert of
+    /// the positions that moved (text scripts, no prepared statements), and per
     /// group one read of the senders the move covered. Only a MySQL failure of the
     /// read or the upsert is an error (retried by the caller); a status that could not
     /// be pushed is counted and left to history.
@@ -84,9 +85,10 @@ impl DeliveredPositions {
             let seq = highest.entry((e.tenant.as_str(), e.conv.as_str(), e.user.as_str())).or_default();
             *seq = (*seq).max(e.seq);
         }
-        let mut convs = self.read_members(&highest).await?;
+        let mut conn = self.db.acquire().await?;
         let pairs: BTreeSet<(&str, &str)> = highest.keys().map(|(t, c, _)| (*t, *c)).collect();
-        let held = unfinished::lowest_unfinished(&self.db, &self.redis, &self.keys, &pairs).await?;
+        let (mut convs, events) = self.read(&mut conn, &pairs).await?;
+        let held = unfinished::lowest_unfinished(&mut conn, &self.redis, &self.keys, events, &pairs).await?;
         // Only this shard's position lane moves these positions, so what was read is current.
         let mut moves: Vec<(&str, &str, &str, u64)> = Vec::new();
         for (&(tenant, conv, user), &seq) in &highest {
@@ -110,15 +112,17 @@ impl DeliveredPositions {
         }
         // Every row exists (read above; members are never deleted), so nothing is
         // inserted: one statement for the batch, rows in key order, only forward.
-        let mut q = QueryBuilder::<MySql>::new(
-            "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at, delivered_seq) ",
+        let mut upsert = Script::default();
+        upsert.push(
+            "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, read_seq, joined_at, delivered_seq) VALUES ",
         );
-        q.push_values(&moves, |mut row, (tenant, conv, user, seq)| {
-            row.push_bind(*tenant).push_bind(*conv).push_bind(*user);
-            row.push("0").push("0").push("0").push_bind(*seq);
-        });
-        q.push(" ON DUPLICATE KEY UPDATE delivered_seq = GREATEST(delivered_seq, VALUES(delivered_seq))");
-        q.build().persistent(false).execute(&self.db).await?;
+        for (n, (tenant, conv, user, seq)) in moves.iter().enumerate() {
+            upsert.push(if n > 0 { ", (" } else { "(" }).str(tenant).push(", ").str(conv).push(", ").str(user);
+            upsert.push(", 0, 0, 0, ").int(*seq).push(")");
+        }
+        upsert.push(" ON DUPLICATE KEY UPDATE delivered_seq = GREATEST(delivered_seq, VALUES(delivered_seq))");
+        upsert.run(&mut conn).await?;
+        drop(conn);
         metrics::counter!("herald_delivered_positions_total").increment(moves.len() as u64);
         if let Err(e) = self.tell_senders(&convs).await {
             metrics::counter!("herald_status_errors_total").increment(1);
@@ -127,19 +131,26 @@ impl DeliveredPositions {
         Ok(())
     }
 
-    /// The members of every conversation of the batch, with the conversation's kind.
-    async fn read_members(
+    /// One round trip: the members of every conversation of the batch, with the
+    /// conversation's kind; and the outbox events that may be unfinished fan-outs
+    /// ([`unfinished::suspects`]).
+    async fn read(
         &self,
-        highest: &BTreeMap<(&str, &str, &str), u64>,
-    ) -> Result<BTreeMap<(String, String), Conversation>, sqlx::Error> {
-        let mut pairs: Vec<(&str, &str)> = highest.keys().map(|(t, c, _)| (*t, *c)).collect();
-        pairs.dedup();
-        let mut q = QueryBuilder::<MySql>::new(
+        conn: &mut MySqlConnection,
+        pairs: &BTreeSet<(&str, &str)>,
+    ) -> Result<(BTreeMap<(String, String), Conversation>, Vec<MySqlRow>), sqlx::Error> {
+        let pairs: Vec<(&str, &str)> = pairs.iter().copied().collect();
+        let mut reads = Script::default();
+        reads.push(
             "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, m.left_seq, m.delivered_seq, m.read_seq, c.kind \
              FROM members m JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conv_id WHERE ",
         );
-        push_pairs(&mut q, "m.tenant_id", "m.conv_id", &pairs);
-        let rows = q.build().persistent(false).fetch_all(&self.db).await?;
+        reads.pairs("m.tenant_id", "m.conv_id", &pairs).push("; ");
+        unfinished::suspects(&mut reads);
+        let mut sets = reads.run(conn).await?.into_iter().map(|(rows, _)| rows);
+        let (Some(rows), Some(events)) = (sets.next(), sets.next()) else {
+            return Err(sqlx::Error::Protocol("the delivered positions' reads answered short".into()));
+        };
         let mut convs: BTreeMap<(String, String), Conversation> = BTreeMap::new();
         for r in &rows {
             let c = convs.entry((r.text(0)?, r.text(1)?)).or_default();
@@ -153,7 +164,7 @@ impl DeliveredPositions {
                 has: delivered_seq.max(read_seq),
             });
         }
-        Ok(convs)
+        Ok((convs, events))
     }
 
     /// Each sender of the messages a move covered, with its status.

@@ -8,7 +8,7 @@
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns. The
 //! transaction is two round trips: a script of the reads, and one of the writes with
-//! COMMIT (`script.rs`); on MySQL, which cannot cap a write statement, three: the writes,
+//! COMMIT (`crate::script`); on MySQL, which cannot cap a write statement, three: the writes,
 //! then COMMIT once the ids' age is checked (`herald_shared::mysql_server::Dialect`).
 //! Repeats of committed messages (same tenant, sender and cmid) are refused by the
 //! unique key; only then does the batch run again, looking them up first.
@@ -33,16 +33,15 @@ mod errors;
 mod fence;
 mod numbering;
 mod outcome;
-pub mod script;
 #[cfg(test)]
 mod tests;
 
+use crate::script::Script;
 use connections::CommitConnections;
 pub use errors::Failure;
 pub use fence::Fence;
 use numbering::number;
 pub use outcome::{BatchResult, CommitError, Outcome};
-use script::Script;
 
 /// The answer to a cmid reused for another request (another conversation or body, or
 /// a timeline change).

@@ -6,7 +6,7 @@
 //! conversation may have been fanned out and acked meanwhile. So a position is held
 //! below the lowest `seq` of its conversation whose fan-out is unfinished: an outbox
 //! event not SENT whose finished marker is not set (PENDING ones only once older than
-//! [`IN_FLIGHT`], the immediate fan-out's time to run and be marked).
+//! [`IN_FLIGHT_MS`], the immediate fan-out's time to run and be marked).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -15,10 +15,10 @@ use herald_shared::db::TextColumns;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::keys::Keys;
 use serde::Deserialize;
-use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, QueryBuilder, Row};
+use sqlx::mysql::{MySqlConnection, MySqlRow};
+use sqlx::Row;
 
-use crate::batch::push_pairs;
+use crate::script::Script;
 
 /// An outbox event's payload (the outbox writes it): the messages it fans out.
 #[derive(Deserialize)]
@@ -31,30 +31,32 @@ struct Payload {
 /// died before fanning it out.
 const IN_FLIGHT_MS: u64 = 1_000;
 
+/// Adds to `script` the read of the outbox events that may be unfinished fan-outs: not
+/// SENT, and PENDING ones only once older than [`IN_FLIGHT_MS`]. Their rows go to
+/// [`lowest_unfinished`].
+pub fn suspects(script: &mut Script) {
+    script.push(
+        "SELECT id, payload FROM outbox_events WHERE status IN ('SENDING', 'FAILED', 'DEAD') \
+         OR (status = 'PENDING' AND created_at < ",
+    );
+    script.int(now_ms().saturating_sub(IN_FLIGHT_MS)).push(")");
+}
+
 /// The lowest `seq` with an unfinished fan-out, per conversation of `convs` that has
-/// one. Redis unreachable: every event not SENT counts as unfinished (a position held
-/// back a little longer, never one claimed too early).
+/// one, from the rows of [`suspects`]. Redis unreachable: every event not SENT counts
+/// as unfinished (a position held back a little longer, never one claimed too early).
 pub async fn lowest_unfinished(
-    db: &MySqlPool,
+    conn: &mut MySqlConnection,
     redis: &Pool,
     keys: &Keys,
+    suspects: Vec<MySqlRow>,
     convs: &BTreeSet<(&str, &str)>,
 ) -> Result<HashMap<(String, String), u64>, sqlx::Error> {
-    if convs.is_empty() {
+    if convs.is_empty() || suspects.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows = sqlx::query(
-        "SELECT id, payload FROM outbox_events WHERE status IN ('SENDING', 'FAILED', 'DEAD') \
-         OR (status = 'PENDING' AND created_at < ?)",
-    )
-    .bind(now_ms().saturating_sub(IN_FLIGHT_MS) as i64)
-    .fetch_all(db)
-    .await?;
-    if rows.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let mut events = Vec::with_capacity(rows.len());
-    for r in &rows {
+    let mut events = Vec::with_capacity(suspects.len());
+    for r in &suspects {
         let payload: Payload = serde_json::from_str(&r.text(1)?).unwrap_or(Payload { ids: Vec::new() });
         events.push((r.try_get::<u64, _>(0)?, payload.ids));
     }
@@ -67,18 +69,18 @@ pub async fn lowest_unfinished(
     let pairs: Vec<(&str, &str)> = convs.iter().copied().collect();
     let mut lowest = HashMap::new();
     for chunk in ids.chunks(1_000) {
-        let mut q = QueryBuilder::<MySql>::new("SELECT tenant_id, conv_id, MIN(seq) FROM messages WHERE id IN (");
-        let mut sep = q.separated(", ");
-        for id in chunk {
-            sep.push_bind(id.0);
+        let mut q = Script::default();
+        q.push("SELECT tenant_id, conv_id, MIN(seq) FROM messages WHERE id IN (");
+        for (i, id) in chunk.iter().enumerate() {
+            q.push(if i > 0 { ", " } else { "" }).int(id.0);
         }
-        q.push(") AND ");
-        push_pairs(&mut q, "tenant_id", "conv_id", &pairs);
-        q.push(" GROUP BY tenant_id, conv_id");
-        for r in q.build().persistent(false).fetch_all(db).await? {
-            let seq: u64 = r.try_get(2)?;
-            let low = lowest.entry((r.text(0)?, r.text(1)?)).or_insert(seq);
-            *low = (*low).min(seq);
+        q.push(") AND ").pairs("tenant_id", "conv_id", &pairs).push(" GROUP BY tenant_id, conv_id");
+        for (rows, _) in q.run(&mut *conn).await? {
+            for r in rows {
+                let seq: u64 = r.try_get(2)?;
+                let low = lowest.entry((r.text(0)?, r.text(1)?)).or_insert(seq);
+                *low = (*low).min(seq);
+            }
         }
     }
     Ok(lowest)

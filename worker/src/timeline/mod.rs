@@ -21,9 +21,9 @@ use herald_shared::error::ErrorCode;
 use herald_shared::protocol::{NodeEnvelope, SendNotice, SendOutcome, TimelineEntry};
 use sqlx::mysql::MySqlPool;
 
-use crate::commit::script::Script;
 use crate::commit::{BatchResult, Failure, Fence};
 use crate::lease::IdSource;
+use crate::script::Script;
 use crate::seq_floor::SeqFloors;
 pub use store::Settings;
 

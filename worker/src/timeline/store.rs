@@ -23,9 +23,9 @@ use sqlx::Row;
 
 use super::rules::{plan, Actor, ConvView, Plan, PlannedEvent, Refusal, Target, TargetUpdate, Windows};
 use crate::batch::{live_since, Committed, Recipient};
-use crate::commit::script::Script;
 use crate::commit::{BatchResult, CommitError, Fence};
 use crate::lease::IdSource;
+use crate::script::Script;
 use crate::seq_floor::SeqFloors;
 
 /// Time kept back from the ids' freshness for the round trip and COMMIT itself.

@@ -1,8 +1,9 @@
-//! The commit's SQL as two multi-statement scripts, one round trip each: the reads
-//! (`BEGIN`, the fencing tokens, repeats when looked for, the conversations locked, the
-//! members and their devices) and the writes (messages, positions, outbox row, each
-//! capped by `max_statement_time` so that the batch's ids are still fresh at the end)
-//! with `COMMIT`.
+//! SQL as multi-statement text scripts, one round trip each. The commit runs two: the
+//! reads (`BEGIN`, the fencing tokens, repeats when looked for, the conversations
+//! locked, the members and their devices) and the writes (messages, positions, outbox
+//! row, each capped by `max_statement_time` so that the batch's ids are still fresh at
+//! the end) with `COMMIT`. The position lane's delivered positions run two more: their
+//! reads, and the upsert (`delivered.rs`).
 //!
 //! Prepared statements cost a round trip each, and a new prepare whenever a batch's
 //! size changes the SQL; at low load every message is its own batch, so the nine round
