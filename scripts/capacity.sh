@@ -71,7 +71,7 @@ case " $SCENARIOS " in *" soak "*)
   log "soak: windows scaled down (frames and SENT rows 30 s, devices 120 s and forgotten 60 s later, outbox retries 45 s)" ;;
 esac
 
-if [ "$HD_BIN" = target/release ]; then
+if [ "$HD_BIN" = "${CARGO_TARGET_DIR:-target}/release" ]; then
   log "building (release)"
   cargo build --release --bins -q
 else

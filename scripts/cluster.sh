@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/services.sh
 
-HD_BIN=${HD_BIN:-target/release}
+# The release binaries cargo builds (its target directory, `CARGO_TARGET_DIR` if set).
+HD_BIN=${HD_BIN:-${CARGO_TARGET_DIR:-target}/release}
 HD_DATABASE=${HD_DATABASE:-herald}
 HD_GW1_PORT=${HD_GW1_PORT:-8080}
 HD_GW2_PORT=${HD_GW2_PORT:-8081}
