@@ -118,7 +118,10 @@ impl Recovery {
             .await?;
         let _: i64 = redis.hset(&devs, (epoch_marker(&d.device), epoch)).await?;
         metrics::counter!("herald_pending_rebuilds_total").increment(1);
-        tracing::info!(device = %d, band, watermark, "pending set not trusted in this epoch; its band is read from MySQL");
+        // Every device's first session of an epoch comes here (every never-seen device,
+        // every device after Redis lost its data): counted, and logged at debug only, or
+        // a login storm writes a line per device. The epoch's change is a warning of its own.
+        tracing::debug!(device = %d, band, watermark, "pending set not trusted in this epoch; its band is read from MySQL");
         Ok(true)
     }
 
