@@ -441,6 +441,9 @@ async fn revoke_refuses_tokens_issued_before_not_before() {
     let no_iat = herald_shared::auth::sign(&Claims { iat: None, ..claims("acme", "carol", "tablet", 0) }, secret);
     let mut old_session = session(&gw, &old).await.unwrap();
     let mut newer_session = session(&gw, &newer).await.unwrap();
+    // Accepted over HTTP first: the gateway now holds it as verified, and its
+    // revocation must refuse it all the same.
+    assert_eq!(status_of(&gw, &old).await, 200);
     let service = c.service(0, "acme", "admin", &[Scope::SessionsRevoke]);
     let (status, body) = service
         .post_raw("/v1/server/sessions/revoke", json!({"user": "carol", "not_before": t - 50}).to_string().into_bytes())
@@ -459,4 +462,21 @@ async fn revoke_refuses_tokens_issued_before_not_before() {
             service.post_raw("/v1/server/sessions/revoke", bad.to_string().into_bytes()).await.unwrap();
         assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{bad}");
     }
+}
+
+/// An HTTP request's token is verified once per key set and kept as verified: the kept
+/// token is still refused once its `exp` (plus the leeway, here none) has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_verified_over_http_is_refused_once_it_expires() {
+    let mut c = Cluster::new("id-expiry");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[("HERALD_AUTH__LEEWAY_S", "0")]).await;
+    let gw = c.gateways[0].base_url();
+    let expiring = Claims { exp: now() + 3, ..claims("acme", "dave", "phone", now()) };
+    let token = herald_shared::auth::sign(&expiring, herald_tests::SECRET.as_bytes());
+    for _ in 0..3 {
+        assert_eq!(status_of(&gw, &token).await, 200, "valid until its exp");
+    }
+    tokio::time::sleep(Duration::from_millis((expiring.exp + 1) * 1000 - now_ms())).await;
+    assert_eq!(status_of(&gw, &token).await, 401, "expired: refused though it was verified before");
 }
