@@ -1,109 +1,230 @@
-//! Acks that a session could not record before it ended (Redis down as the device
-//! left): kept and retried by one loop of the node until they land, so an acked id is
-//! never pushed to its device again because its removal was forgotten. When the node
-//! stops, what is still queued gets a last, bounded round before the process exits.
+//! The node's ack writer: acked ids leave their devices' pending sets through it. A
+//! session hands over what its device acked and goes on; the writer removes what
+//! arrived while its previous write was under way, in one pipeline with one ZREM per
+//! pending set. There is no linger: a lone ack goes at once, and under load an ack costs
+//! a member in a shared write instead of a Redis round trip of the session's own (with
+//! a timer to batch it) on the session's task.
+//!
+//! A write that fails is tried again, with backoff, until it lands: an acked id is never
+//! pushed to its device again because its removal was forgotten. What queues behind it
+//! waits (Redis is down for every session of the node alike). When the node stops, what
+//! is still queued gets a last, bounded round before the process exits.
+//!
+//! A session that needs its removals done (before it reads a backlog page, which would
+//! return the ids again, and before it promises `caught_up`) waits on its [`Tally`].
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fred::interfaces::SortedSetsInterface;
-use fred::prelude::Pool;
+use fred::prelude::{Pool, Value};
 use herald_shared::ids::MsgId;
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::{mpsc, Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
-/// Removals waiting: (pending set key, acked ids).
-type Removal = (String, Vec<MsgId>);
+/// One hand-over: a pending set's key, the ids acked, and the session's tally.
+#[derive(Debug)]
+struct Removal {
+    key: String,
+    ids: Vec<MsgId>,
+    tally: Arc<Tally>,
+}
 
-/// Where sessions leave the acks they could not record.
-#[derive(Clone, Debug)]
-pub struct LeftoverAcks(mpsc::Sender<Removal>);
+/// A session's removals handed over and not yet done.
+#[derive(Debug, Default)]
+pub struct Tally {
+    waiting: AtomicUsize,
+    landed: Notify,
+}
 
-impl LeftoverAcks {
-    pub fn keep(&self, key: String, ids: Vec<MsgId>) {
-        if ids.is_empty() {
-            return;
-        }
-        if self.0.try_send((key, ids)).is_err() {
-            metrics::counter!("herald_acks_dropped_total").increment(1);
-            tracing::warn!("the leftover ack queue is full; those messages will be pushed again");
+impl Tally {
+    fn handed(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn land(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.landed.notify_waiters();
+    }
+
+    /// Whether every removal handed over is done.
+    pub fn is_clear(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) == 0
+    }
+
+    /// Until every removal handed over so far is done.
+    pub async fn cleared(&self) {
+        loop {
+            let landed = self.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            if self.is_clear() {
+                return;
+            }
+            landed.await;
         }
     }
 }
 
-/// Sessions ending during a Redis outage; each entry holds one session's batch.
+/// Where sessions hand over acked ids.
+#[derive(Clone, Debug)]
+pub struct AckQueue(mpsc::Sender<Removal>);
+
+/// The queue is full (Redis has been failing for long): nothing was handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull;
+
+impl AckQueue {
+    /// Hands `ids` of the pending set `key` over to the writer, counted in `tally`.
+    pub fn remove(&self, key: &str, ids: Vec<MsgId>, tally: &Arc<Tally>) -> Result<(), QueueFull> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        tally.handed();
+        let removal = Removal { key: key.to_owned(), ids, tally: tally.clone() };
+        self.0.try_send(removal).map_err(|_| {
+            tally.land();
+            metrics::counter!("herald_ack_queue_full_total").increment(1);
+            QueueFull
+        })
+    }
+}
+
+/// Hand-overs waiting at most; past it a session keeps its acks and tries again.
 const QUEUE: usize = 65_536;
-/// How long a stopping node keeps trying to record its leftover acks (within the
-/// process's 10 s stop bound).
+/// Hand-overs taken into one write at most.
+const WRITE_MAX: usize = 4_096;
+/// How long a stopping node keeps trying to write what is queued (within the process's
+/// 10 s stop bound).
 const FINAL_ROUND: Duration = Duration::from_secs(5);
 
-/// The loop that retries leftover removals (restartable; its queue outlives it).
+/// The writer: restartable, its queue outlives a restart.
 #[derive(Clone, Debug)]
-pub struct AckRetrier {
+pub struct AckWriter {
     redis: Pool,
     rx: Arc<Mutex<mpsc::Receiver<Removal>>>,
 }
 
-pub fn channel(redis: Pool) -> (LeftoverAcks, AckRetrier) {
+pub fn channel(redis: Pool) -> (AckQueue, AckWriter) {
     let (tx, rx) = mpsc::channel(QUEUE);
-    (LeftoverAcks(tx), AckRetrier { redis, rx: Arc::new(Mutex::new(rx)) })
+    (AckQueue(tx), AckWriter { redis, rx: Arc::new(Mutex::new(rx)) })
 }
 
-impl AckRetrier {
+/// A write's ZREMs: the ids of each pending set, in one list per set.
+fn by_key(batch: &[Removal]) -> BTreeMap<&str, Vec<String>> {
+    let mut sets: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for r in batch {
+        sets.entry(r.key.as_str()).or_default().extend(r.ids.iter().map(|id| id.member()));
+    }
+    sets
+}
+
+impl AckWriter {
     pub async fn run(self, cancel: CancellationToken) {
         let mut rx = self.rx.lock().await;
         let mut backoff = Duration::from_millis(200);
+        let mut batch: Vec<Removal> = Vec::new();
         loop {
-            let (key, ids) = tokio::select! {
-                biased;
-                r = rx.recv() => match r { Some(r) => r, None => return },
-                _ = cancel.cancelled() => return self.final_round(None, &mut rx).await,
-            };
-            loop {
-                match self.remove(&key, &ids).await {
-                    Ok(()) => {
-                        backoff = Duration::from_millis(200);
-                        break;
+            if batch.is_empty() {
+                tokio::select! {
+                    biased;
+                    r = rx.recv() => match r { Some(r) => batch.push(r), None => return },
+                    _ = cancel.cancelled() => return self.final_round(batch, &mut rx).await,
+                }
+                while batch.len() < WRITE_MAX {
+                    match rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
                     }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "leftover acks not recorded yet; retrying");
-                        tokio::select! {
-                            _ = cancel.cancelled() => return self.final_round(Some((key, ids)), &mut rx).await,
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+            match self.write(&batch).await {
+                Ok(()) => {
+                    backoff = Duration::from_millis(200);
+                    done(std::mem::take(&mut batch));
+                }
+                Err(e) => {
+                    metrics::counter!("herald_redis_errors_total", "source" => "acks").increment(1);
+                    tracing::debug!(error = %e, "acks not recorded yet; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return self.final_round(batch, &mut rx).await,
+                        _ = tokio::time::sleep(backoff) => {}
                     }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }
     }
 
-    async fn remove(&self, key: &str, ids: &[MsgId]) -> Result<(), fred::error::Error> {
-        let members: Vec<String> = ids.iter().map(|i| i.member()).collect();
-        self.redis.next().zrem::<i64, _, _>(key, members).await.map(drop)
+    /// One pipeline: a ZREM per pending set. A set Redis refuses the removal for (its
+    /// key holds another type) is logged and skipped, not retried forever ahead of
+    /// every other session's acks.
+    async fn write(&self, batch: &[Removal]) -> Result<(), fred::error::Error> {
+        let sets = by_key(batch);
+        let pipe = self.redis.next().pipeline();
+        for (key, members) in &sets {
+            let _: () = pipe.zrem(*key, members.clone()).await?;
+        }
+        let answers: Vec<Result<Value, fred::error::Error>> = pipe.try_all().await;
+        for ((key, _), answer) in sets.iter().zip(&answers) {
+            match answer {
+                Err(e) if is_refusal(e) => {
+                    tracing::warn!(key, error = %e, "a pending set refused its acks' removal; skipped");
+                }
+                Err(e) => return Err(e.clone()),
+                Ok(_) => {}
+            }
+        }
+        let ids: usize = batch.iter().map(|r| r.ids.len()).sum();
+        metrics::counter!("herald_acks_recorded_total").increment(ids as u64);
+        Ok(())
     }
 
-    /// The node stops: every removal still queued (`current` first) is tried until it
-    /// lands or [`FINAL_ROUND`] is over; what is left then is counted and logged (those
-    /// messages will be pushed again, and the devices drop them by id).
-    async fn final_round(&self, mut current: Option<Removal>, rx: &mut mpsc::Receiver<Removal>) {
+    /// The node stops: what is queued (`batch` first) is written until it lands or
+    /// [`FINAL_ROUND`] is over; what is left then is counted and logged (those messages
+    /// will be pushed again, and the devices drop them by id).
+    async fn final_round(&self, mut batch: Vec<Removal>, rx: &mut mpsc::Receiver<Removal>) {
         let deadline = tokio::time::Instant::now() + FINAL_ROUND;
-        while let Some((key, ids)) = current.take().or_else(|| rx.try_recv().ok()) {
-            loop {
-                match self.remove(&key, &ids).await {
-                    Ok(()) => break,
-                    Err(_) if tokio::time::Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Err(e) => {
-                        metrics::counter!("herald_acks_dropped_total").increment(ids.len() as u64);
-                        tracing::warn!(error = %e, "leftover acks not recorded before the node stopped; \
-                            those messages will be pushed again");
-                        break;
-                    }
+        loop {
+            while batch.len() < WRITE_MAX {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            match self.write(&batch).await {
+                Ok(()) => done(std::mem::take(&mut batch)),
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    let ids: usize = batch.iter().map(|r| r.ids.len()).sum();
+                    let left: usize = std::iter::from_fn(|| rx.try_recv().ok()).map(|r| r.ids.len()).sum();
+                    metrics::counter!("herald_acks_dropped_total").increment((ids + left) as u64);
+                    tracing::warn!(error = %e, "acks not recorded before the node stopped; \
+                        those messages will be pushed again");
+                    return;
                 }
             }
         }
+    }
+}
+
+/// Redis answered the command with an error of its own (not a lost connection): trying
+/// again would get the same answer.
+fn is_refusal(e: &fred::error::Error) -> bool {
+    matches!(e.kind(), fred::error::ErrorKind::InvalidArgument | fred::error::ErrorKind::Parse)
+        || e.details().starts_with("WRONGTYPE")
+}
+
+fn done(batch: Vec<Removal>) {
+    for r in batch {
+        r.tally.land();
     }
 }
 
@@ -113,26 +234,85 @@ mod tests {
 
     use super::*;
 
-    /// Acks left by sessions that ended while Redis failed are recorded when the node
-    /// stops, not dropped with the queue. Before: the retrier returned as soon as it was
-    /// cancelled, whatever it still held.
-    #[tokio::test]
-    async fn leftover_acks_are_recorded_before_the_node_stops() {
+    async fn redis() -> Pool {
         let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+        herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis")
+    }
+
+    async fn pending(redis: &Pool, ids: &[MsgId]) -> String {
         let key = format!("ut{:08x}:pending", rand::random::<u32>());
-        let ids: Vec<MsgId> = (0..20).map(|i| MsgId((1 << 62) + i)).collect();
         let pairs: Vec<(f64, String)> = ids.iter().map(|i| (i.score(), i.member())).collect();
         let _: i64 = redis.next().zadd(&key, None, None, false, false, pairs).await.unwrap();
-        let (leftover, retrier) = channel(redis.clone());
+        key
+    }
+
+    /// Acks handed over by sessions leave their pending sets, and each session's tally
+    /// clears once its own are done.
+    #[tokio::test]
+    async fn handed_acks_leave_their_pending_sets_and_clear_the_tally() {
+        let redis = redis().await;
+        let ids: Vec<MsgId> = (0..10).map(|i| MsgId((1 << 62) + i)).collect();
+        let (a, b) = (pending(&redis, &ids).await, pending(&redis, &ids).await);
+        let (queue, writer) = channel(redis.clone());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(writer.run(stop.clone()));
+        let (ta, tb) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
         for pair in ids.chunks(2) {
-            leftover.keep(key.clone(), pair.to_vec());
+            queue.remove(&a, pair.to_vec(), &ta).unwrap();
+        }
+        queue.remove(&b, ids[..3].to_vec(), &tb).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(ta.cleared(), tb.cleared()) })
+            .await
+            .expect("both tallies clear");
+        let left_a: u64 = redis.next().zcard(&a).await.unwrap();
+        let left_b: u64 = redis.next().zcard(&b).await.unwrap();
+        stop.cancel();
+        task.await.unwrap();
+        let _: i64 = redis.next().del(vec![a, b]).await.unwrap();
+        assert_eq!((left_a, left_b), (0, 7), "each set lost exactly the ids acked for it");
+    }
+
+    /// Acks still queued when the node stops are recorded before the writer ends, not
+    /// dropped with the queue.
+    #[tokio::test]
+    async fn queued_acks_are_recorded_before_the_node_stops() {
+        let redis = redis().await;
+        let ids: Vec<MsgId> = (0..20).map(|i| MsgId((1 << 62) + i)).collect();
+        let key = pending(&redis, &ids).await;
+        let (queue, writer) = channel(redis.clone());
+        let tally = Arc::new(Tally::default());
+        for pair in ids.chunks(2) {
+            queue.remove(&key, pair.to_vec(), &tally).unwrap();
         }
         let stop = CancellationToken::new();
         stop.cancel();
-        retrier.run(stop).await;
+        writer.run(stop).await;
         let left: u64 = redis.next().zcard(&key).await.unwrap();
         let _: i64 = redis.next().del(&key).await.unwrap();
-        assert_eq!(left, 0, "every leftover ack was recorded before the retrier ended");
+        assert_eq!(left, 0, "every queued ack was recorded before the writer ended");
+        assert!(tally.is_clear());
+    }
+
+    /// A pending set Redis refuses the removal for (its key holds a string) does not hold
+    /// up the other sets' removals.
+    #[tokio::test]
+    async fn a_refused_set_does_not_hold_up_the_others() {
+        let redis = redis().await;
+        let ids: Vec<MsgId> = (0..4).map(|i| MsgId((1 << 62) + i)).collect();
+        let good = pending(&redis, &ids).await;
+        let bad = format!("ut{:08x}:pending", rand::random::<u32>());
+        let _: () = redis.next().set(&bad, "not a sorted set", None, None, false).await.unwrap();
+        let (queue, writer) = channel(redis.clone());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(writer.run(stop.clone()));
+        let tally = Arc::new(Tally::default());
+        queue.remove(&bad, ids.clone(), &tally).unwrap();
+        queue.remove(&good, ids.clone(), &tally).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), tally.cleared()).await.expect("the tally clears");
+        let left: u64 = redis.next().zcard(&good).await.unwrap();
+        stop.cancel();
+        task.await.unwrap();
+        let _: i64 = redis.next().del(vec![good, bad]).await.unwrap();
+        assert_eq!(left, 0);
     }
 }

@@ -8,7 +8,7 @@
 //!   [`listener`] (the public listener), [`client_ip`] (the client behind trusted
 //!   proxies), [`waiters`] (requests awaiting answers),
 //!   [`epoch`] (the Redis epoch), [`sessions`] (the directory of sessions here),
-//!   [`acks`] (acks left over by ended sessions, retried); [`watchers`] (who follows
+//!   [`acks`] (the node's ack writer: acked ids out of the pending sets); [`watchers`] (who follows
 //!   whose presence here) sits with the mailbox.
 //! - Services: [`history`] (reads from MySQL), [`ingress`] (sends and reads into the
 //!   streams, through the node's [`ingress_writer`]), [`send_span`] (a send's trace
@@ -137,7 +137,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let process = Process::new();
     let directory = Arc::new(SessionRegistry::default());
     let (marks, flusher) = watermarks::channel(db.clone());
-    let (leftover_acks, ack_retrier) = acks::channel(redis.clone());
+    let (ack_queue, ack_writer) = acks::channel(redis.clone());
     let (delivered, delivered_flusher) = delivered::channel(redis.clone(), keys.clone(), cfg.ingress.shards);
     let history = History {
         db: db.clone(),
@@ -208,7 +208,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             start_reads: Arc::new(tokio::sync::Semaphore::new(g.start_db_reads as usize)),
         },
         marks,
-        leftover_acks,
+        acks: ack_queue,
         delivered,
         epoch: epoch.clone(),
         directory: directory.clone(),
@@ -242,7 +242,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let registry = state.devices.clone();
     process.spawn_supervised("device_registrar", Criticality::Critical, move |c| registry.clone().run(c));
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
-    process.spawn_supervised("ack_retrier", Criticality::Background, move |c| ack_retrier.clone().run(c));
+    process.spawn_supervised("ack_writer", Criticality::Critical, move |c| ack_writer.clone().run(c));
     process.spawn_supervised("ingress_writer", Criticality::Critical, move |c| ingress_writer.clone().run(c));
     let delivered_flusher = delivered_flusher.clone();
     process.spawn_supervised("delivered_flusher", Criticality::Background, move |c| delivered_flusher.clone().run(c));

@@ -18,6 +18,9 @@ use tokio::time::Instant;
 use super::{End, Session};
 use crate::sessions::SessionRegistry;
 
+/// How long an ending session waits for its last acks' removals.
+const FINAL_ACKS_WAIT: Duration = Duration::from_secs(2);
+
 impl<S, E> Session<S>
 where
     S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
@@ -92,9 +95,13 @@ where
             }
         }
         let last_of_user = directory.unregister(&self.device, &self.id);
-        if let Err(e) = self.flush_acks().await {
-            tracing::warn!(error = %e, "final acks could not be recorded yet; the node retries them");
-            self.leave_acks();
+        // The node's ack writer records the last acks whatever happens to the session;
+        // waiting (bounded) for them lets a device that comes straight back find them gone.
+        match self.hand_acks() {
+            Ok(()) => {
+                let _ = tokio::time::timeout(FINAL_ACKS_WAIT, self.ack_tally.cleared()).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "final acks not handed over; those messages will be pushed again"),
         }
         self.report_watermark().await;
         self.env.watchers.forget(&self.device, &self.id);

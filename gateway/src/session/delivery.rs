@@ -16,8 +16,21 @@ use tokio::time::Instant;
 use super::backlog::PageRequest;
 use super::{End, Flow, Session, SessionError};
 
-/// How soon a failed ack removal is tried again.
-const ACK_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How soon acks the node's ack writer did not take are handed over again.
+const ACK_RETRY: Duration = Duration::from_secs(1);
+/// How long a session waits for its acks' removals before it reads a backlog page or
+/// says `caught_up`; past it the removals go on in the writer, and the read fails.
+const ACK_WAIT: Duration = Duration::from_secs(5);
+
+/// The acks a session handed over are not recorded (yet).
+#[derive(Debug, thiserror::Error)]
+pub enum AcksNotRecorded {
+    #[error("the node's ack queue is full")]
+    QueueFull,
+    #[error("the acks' removal did not land within {ACK_WAIT:?}")]
+    Late,
+}
+use crate::acks::QueueFull;
 use crate::recovery::Band;
 use crate::sessions::Push;
 
@@ -124,7 +137,7 @@ where
         self.backlog.band_checked(band);
         if self.backlog.is_finishing() {
             // `caught_up` promises the backlog is acked: only after the ZREM landed.
-            self.flush_acks().await?;
+            self.acks_recorded().await?;
             self.finish_backlog().await;
         }
         Ok(())
@@ -179,8 +192,8 @@ where
 
     /// A page of the pending set.
     async fn read_page(&mut self, after: Option<MsgId>, want: usize) -> Result<(), SessionError> {
-        // Acked ids waiting to be removed would come back as entries: remove them first.
-        self.flush_acks().await?;
+        // Acked ids waiting to be removed would come back as entries: removed first.
+        self.acks_recorded().await?;
         let (cursor, score) = match after {
             None => (String::new(), String::new()),
             Some(id) => (id.member(), id.score().to_string()),
@@ -221,8 +234,8 @@ where
         Ok(())
     }
 
-    /// Acks are applied to the session at once and to the pending set in batches: one
-    /// ZREM per `ACK_LINGER` (or per `ACK_BATCH` ids) instead of one per ack frame.
+    /// Acks are applied to the session at once and handed to the node's ack writer,
+    /// which removes them from the pending set together with other sessions' acks.
     pub(super) async fn on_ack(&mut self, ids: Vec<MsgId>) -> Flow {
         if ids.is_empty() {
             return ControlFlow::Continue(());
@@ -239,53 +252,54 @@ where
             self.backlog.acked(*id);
         }
         metrics::counter!("herald_acks_total").increment(ids.len() as u64);
-        let full = self.acks.add(ids, Instant::now());
-        let finishing = self.backlog.is_finishing();
-        if finishing || full {
-            if let Err(e) = self.flush_acks().await {
+        self.acks.add(ids);
+        if self.backlog.is_finishing() {
+            // `caught_up` promises the backlog is acked: only once the removals landed.
+            if let Err(e) = self.acks_recorded().await {
                 return self.ack_not_recorded(e).await;
             }
-        }
-        if finishing {
-            // `caught_up` promises the backlog is acked: only after the ZREM landed.
             self.finish_backlog().await;
+        } else if let Err(e) = self.hand_acks() {
+            return self.ack_not_recorded(e).await;
         }
         ControlFlow::Continue(())
     }
 
     pub(super) async fn on_ack_due(&mut self) -> Flow {
-        match self.flush_acks().await {
+        match self.hand_acks() {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => self.ack_not_recorded(e).await,
         }
     }
 
-    async fn ack_not_recorded(&mut self, e: fred::error::Error) -> Flow {
+    async fn ack_not_recorded(&mut self, e: AcksNotRecorded) -> Flow {
         tracing::warn!(error = %e, "acks could not be recorded");
         self.send_frame(ErrorFrame::new(ErrorCode::Unavailable, "ack not recorded; ack again")).await;
         ControlFlow::Continue(())
     }
 
-    /// Removes the acked ids from the pending set; this is the only way they leave it.
-    /// A removal that fails is kept and tried again, never forgotten.
-    pub(super) async fn flush_acks(&mut self) -> Result<(), fred::error::Error> {
+    /// Hands the acked ids to the node's ack writer, the only way they leave the
+    /// pending set, and reports the delivered positions they move. Ids the writer's
+    /// queue does not take are kept and handed over again, never forgotten.
+    pub(super) fn hand_acks(&mut self) -> Result<(), AcksNotRecorded> {
         let ids = self.acks.take();
         if ids.is_empty() {
             return Ok(());
         }
-        let members: Vec<String> = ids.iter().map(|i| i.member()).collect();
-        if let Err(e) = self.env.redis.next().zrem::<i64, _, _>(&self.pending_key, members).await {
+        if let Err(QueueFull) = self.env.acks.remove(&self.pending_key, ids.clone(), &self.ack_tally) {
             self.acks.restore(ids, Instant::now() + ACK_RETRY);
-            return Err(e);
+            return Err(AcksNotRecorded::QueueFull);
         }
         self.report_delivered();
         Ok(())
     }
 
-    /// The acks still unrecorded when the session ends: the node retries them.
-    pub(super) fn leave_acks(&mut self) {
-        let ids = self.acks.take();
-        self.env.leftover_acks.keep(self.pending_key.clone(), ids);
+    /// Hands the acked ids over and waits until every removal of this session has
+    /// landed (at most [`ACK_WAIT`]): before a backlog page is read (it would return
+    /// them again) and before `caught_up`.
+    pub(super) async fn acks_recorded(&mut self) -> Result<(), AcksNotRecorded> {
+        self.hand_acks()?;
+        tokio::time::timeout(ACK_WAIT, self.ack_tally.cleared()).await.map_err(|_| AcksNotRecorded::Late)
     }
 
     async fn finish_backlog(&mut self) {

@@ -2,7 +2,7 @@
 //! loop with tokio's clock (so tests run them with paused time):
 //!
 //! - [`Inflight`]: pushes written and not yet acked, at most `inflight_window`.
-//! - [`AckBatch`]: acked ids waiting to be removed from the pending set together.
+//! - [`AckBatch`]: acked ids the node's ack writer did not take yet.
 //! - [`Heartbeat`]: the ping cadence, the idle limit, and the half-open probe (an
 //!   unacked push older than `ack_timeout_ms` sends a ping; without a pong within
 //!   `ack_probe_ms` the connection is half-open).
@@ -90,12 +90,8 @@ impl Inflight {
     }
 }
 
-/// How long acks wait to be removed together; a crash in between only repeats pushes.
-pub const ACK_LINGER: Duration = Duration::from_millis(5);
-/// Most ids removed in one call.
-pub const ACK_BATCH: usize = 512;
-
-/// Acked ids not yet removed from the pending set.
+/// Acked ids the node's ack writer did not take yet (its queue was full): kept, and
+/// handed over again at `due` or with the next ack.
 #[derive(Debug, Default)]
 pub struct AckBatch {
     ids: Vec<MsgId>,
@@ -103,35 +99,26 @@ pub struct AckBatch {
 }
 
 impl AckBatch {
-    /// Adds acked ids; true when the batch is full and must be flushed now.
-    pub fn add(&mut self, ids: impl IntoIterator<Item = MsgId>, now: Instant) -> bool {
+    /// Adds acked ids.
+    pub fn add(&mut self, ids: impl IntoIterator<Item = MsgId>) {
         self.ids.extend(ids);
-        if self.due.is_none() && !self.ids.is_empty() {
-            self.due = Some(now + ACK_LINGER);
-        }
-        self.ids.len() >= ACK_BATCH
     }
 
-    /// When the batch must be flushed, if it holds anything.
+    /// When the kept ids are due to be handed over again, if any are kept.
     pub fn due(&self) -> Option<Instant> {
         self.due
     }
 
-    /// A removal that failed: its ids are kept and tried again at `due`.
+    /// A hand-over that failed: its ids are kept and tried again at `due`.
     pub fn restore(&mut self, ids: Vec<MsgId>, due: Instant) {
         self.ids.extend(ids);
         self.due = Some(self.due.map_or(due, |d| d.min(due)));
     }
 
-    /// Everything batched, for one removal.
+    /// Everything kept, for one hand-over.
     pub fn take(&mut self) -> Vec<MsgId> {
         self.due = None;
         std::mem::take(&mut self.ids)
-    }
-
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
     }
 }
 
@@ -263,24 +250,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn acks_wait_a_moment_to_be_removed_together_unless_the_batch_is_full() {
+    async fn acks_the_writer_did_not_take_are_kept_until_due() {
         let mut b = AckBatch::default();
         assert_eq!(b.due(), None);
-        let t0 = Instant::now();
-        assert!(!b.add([MsgId(1), MsgId(2)], t0));
-        assert_eq!(b.due(), Some(t0 + ACK_LINGER));
-        tokio::time::advance(ms(2)).await;
-        assert!(!b.add([MsgId(3)], Instant::now()));
-        assert_eq!(b.due(), Some(t0 + ACK_LINGER), "the first ack sets the deadline");
-        assert_eq!(b.take(), vec![MsgId(1), MsgId(2), MsgId(3)]);
-        assert!(b.is_empty() && b.due().is_none());
-        assert!(b.add((0..ACK_BATCH as u64).map(MsgId), Instant::now()), "a full batch flushes at once");
+        b.add([MsgId(1), MsgId(2)]);
+        assert_eq!(b.due(), None, "acks are handed over at once, not lingered");
         let ids = b.take();
         let later = Instant::now() + ms(1_000);
         b.restore(ids, later);
-        assert_eq!((b.take().len(), b.due()), (ACK_BATCH, None), "a failed removal is kept, not forgotten");
-        b.restore(vec![MsgId(1)], later);
+        b.add([MsgId(3)]);
         assert_eq!(b.due(), Some(later));
+        assert_eq!((b.take(), b.due()), (vec![MsgId(1), MsgId(2), MsgId(3)], None), "a refused hand-over is kept");
+        b.restore(vec![MsgId(1)], later + ms(5));
+        b.restore(vec![MsgId(2)], later);
+        assert_eq!(b.due(), Some(later), "the earliest retry wins");
     }
 
     #[tokio::test(start_paused = true)]

@@ -59,7 +59,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::acks::LeftoverAcks;
+use crate::acks::{AckQueue, Tally};
 use crate::delivered::DeliveredReports;
 use crate::devices::DeviceRegistry;
 use crate::epoch::{EpochSeen, EpochWatch};
@@ -95,8 +95,8 @@ pub struct SessionEnv {
     pub ingress: Ingress,
     pub recovery: Recovery,
     pub marks: Marks,
-    /// Acks a session could not record before it ended.
-    pub leftover_acks: LeftoverAcks,
+    /// The node's ack writer: acked ids leave the pending sets through it.
+    pub acks: AckQueue,
     /// Where acks move the user's delivered positions.
     pub delivered: DeliveredReports,
     pub epoch: EpochWatch,
@@ -162,6 +162,8 @@ pub enum SessionError {
     /// A newer session of the device holds its presence.
     #[error("replaced by a newer session")]
     Superseded,
+    #[error("acks: {0}")]
+    Acks(#[from] delivery::AcksNotRecorded),
 }
 
 /// The close reason of a session whose device logged out.
@@ -207,6 +209,8 @@ pub struct Session<S> {
     inflight: Inflight,
     heartbeat: Heartbeat,
     acks: AckBatch,
+    /// Its acks' removals handed to the node's ack writer and not yet done.
+    ack_tally: Arc<Tally>,
     backlog: BacklogPager,
     backlog_bucket: DefaultDirectRateLimiter,
     send_bucket: DefaultDirectRateLimiter,
@@ -302,6 +306,7 @@ where
             pending_key: env.keys.pending_of(&device),
             epoch: EpochSeen::new(&env.epoch),
             acks: AckBatch::default(),
+            ack_tally: Arc::default(),
             last_mark: now,
             reported_watermark: None,
             last_report: now,

@@ -120,7 +120,8 @@ async fn fixture(device: &str) -> Fixture {
     };
     let _: i64 = redis.hset(keys.devices("t", "u"), (epoch_marker(device), epoch.as_str())).await.unwrap();
     let (marks, _flusher) = crate::watermarks::channel(db.clone());
-    let (leftover_acks, _retrier) = crate::acks::channel(pool.clone());
+    let (acks, ack_writer) = crate::acks::channel(pool.clone());
+    tokio::spawn(ack_writer.run(CancellationToken::new()));
     let (delivered, _delivered_flusher) = crate::delivered::channel(pool.clone(), keys.clone(), 8);
     let waiters = Arc::new(crate::waiters::SendWaiters::default());
     let (queue, writer) =
@@ -177,7 +178,7 @@ async fn fixture(device: &str) -> Fixture {
             start_reads: Arc::new(tokio::sync::Semaphore::new(2)),
         },
         marks,
-        leftover_acks,
+        acks,
         delivered,
         epoch: EpochWatch::new(epoch),
         directory: Arc::new(SessionRegistry::default()),
