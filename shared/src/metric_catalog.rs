@@ -106,7 +106,12 @@ pub const METRICS: &[Metric] = &[
         "Typing and presence frames handed to sessions, by outcome (queued, dropped_full, or dropped_rate for typing frames over their limit, not_relayed for groups over gateway.typing_max_members).",
     ),
     counter("herald_acks_total", "Message ids acknowledged by devices."),
-    counter("herald_acks_dropped_total", "Leftover acks of ended sessions dropped because their queue was full."),
+    counter("herald_acks_recorded_total", "Acked ids the node's ack writer removed from their pending sets."),
+    counter(
+        "herald_ack_queue_full_total",
+        "Hand-overs of acked ids the node's ack writer's queue refused (the session keeps them and tries again).",
+    ),
+    counter("herald_acks_dropped_total", "Acked ids not removed before the node stopped (they are pushed again)."),
     histogram(
         "herald_ingress_write_requests",
         "Requests (sends, reads, timeline changes) a gateway's ingress writer appended in one write.",
