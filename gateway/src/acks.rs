@@ -72,9 +72,10 @@ impl Tally {
 #[derive(Clone, Debug)]
 pub struct AckQueue(mpsc::Sender<Removal>);
 
-/// The queue is full (Redis has been failing for long): nothing was handed over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueFull;
+/// The queue is full (Redis has been failing for long): nothing was handed over, and
+/// the ids come back to the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueFull(pub Vec<MsgId>);
 
 impl AckQueue {
     /// Hands `ids` of the pending set `key` over to the writer, counted in `tally`.
@@ -84,10 +85,10 @@ impl AckQueue {
         }
         tally.handed();
         let removal = Removal { key: key.to_owned(), ids, tally: tally.clone() };
-        self.0.try_send(removal).map_err(|_| {
+        self.0.try_send(removal).map_err(|e| {
             tally.land();
             metrics::counter!("herald_ack_queue_full_total").increment(1);
-            QueueFull
+            QueueFull(e.into_inner().ids)
         })
     }
 }
@@ -108,7 +109,11 @@ pub struct AckWriter {
 }
 
 pub fn channel(redis: Pool) -> (AckQueue, AckWriter) {
-    let (tx, rx) = mpsc::channel(QUEUE);
+    channel_of(redis, QUEUE)
+}
+
+fn channel_of(redis: Pool, capacity: usize) -> (AckQueue, AckWriter) {
+    let (tx, rx) = mpsc::channel(capacity);
     (AckQueue(tx), AckWriter { redis, rx: Arc::new(Mutex::new(rx)) })
 }
 
@@ -291,6 +296,18 @@ mod tests {
         let _: i64 = redis.next().del(&key).await.unwrap();
         assert_eq!(left, 0, "every queued ack was recorded before the writer ended");
         assert!(tally.is_clear());
+    }
+
+    /// A hand-over the full queue refuses gives its ids back (the session keeps them) and
+    /// leaves the tally as it was; nothing is lost.
+    #[tokio::test]
+    async fn a_full_queue_gives_the_ids_back() {
+        let (queue, _writer) = channel_of(redis().await, 1);
+        let tally = Arc::new(Tally::default());
+        queue.remove("k", vec![MsgId(1)], &tally).unwrap();
+        let refused = queue.remove("k", vec![MsgId(2), MsgId(3)], &tally);
+        assert_eq!(refused, Err(QueueFull(vec![MsgId(2), MsgId(3)])));
+        assert_eq!(tally.waiting.load(Ordering::SeqCst), 1, "only the first hand-over is waited for");
     }
 
     /// A pending set Redis refuses the removal for (its key holds a string) does not hold

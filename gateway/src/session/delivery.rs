@@ -286,7 +286,7 @@ where
         if ids.is_empty() {
             return Ok(());
         }
-        if let Err(QueueFull) = self.env.acks.remove(&self.pending_key, ids.clone(), &self.ack_tally) {
+        if let Err(QueueFull(ids)) = self.env.acks.remove(&self.pending_key, ids, &self.ack_tally) {
             self.acks.restore(ids, Instant::now() + ACK_RETRY);
             return Err(AcksNotRecorded::QueueFull);
         }
