@@ -148,6 +148,11 @@ impl Mailbox {
         poll_fn(|cx| self.poll_with(cx, |q| take_front(&mut q.pushes)))
     }
 
+    /// The next push if one is queued now, without waiting.
+    pub fn try_push(&self) -> Option<Push> {
+        take_front(&mut self.queues.lock().expect("mailbox").pushes)
+    }
+
     /// The next ephemeral frame.
     pub fn next_ephemeral(&self) -> impl Future<Output = Ephemeral> + '_ {
         poll_fn(|cx| self.poll_with(cx, |q| take_front(&mut q.ephemeral)))

@@ -79,7 +79,9 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     // buffer of its size. The
     // hard message cap is above twice the protocol's frame limit, so an oversized frame
     // is answered with `too_large`, not cut. Writes: the buffer takes the
-    // largest frame the gateway writes (a full history page), so none is dropped for size.
+    // largest frame the gateway writes (a full history page), so none is dropped for size;
+    // frames fed to it go to the socket once they pass `gateway.write_batch_bytes` (added
+    // to the bound, so it still holds) or at the session's flush.
     // `herald.v1` is echoed when offered; a client offering none (or only others) still
     // gets its session, without a subprotocol, as before the version was named.
     let g = &state.cfg.gateway;
@@ -87,8 +89,8 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
     let ws = ws
         .protocols([SUBPROTOCOL])
         .read_buffer_size(512)
-        .write_buffer_size(0)
-        .max_write_buffer_size(g.largest_frame_bytes() * 2)
+        .write_buffer_size(g.write_batch_bytes)
+        .max_write_buffer_size(g.largest_frame_bytes() * 2 + g.write_batch_bytes)
         .max_message_size(hard_cap)
         .max_frame_size(hard_cap);
     let tracker = state.session_tasks.clone();

@@ -16,6 +16,8 @@ use tokio::time::Instant;
 use super::backlog::PageRequest;
 use super::{End, Flow, Session, SessionError};
 
+/// Realtime pushes written out together at most.
+const PUSHES_PER_WRITE: usize = 64;
 /// How soon acks the node's ack writer did not take are handed over again.
 const ACK_RETRY: Duration = Duration::from_secs(1);
 /// How long a session waits for its acks' removals before it reads a backlog page or
@@ -31,6 +33,7 @@ pub enum AcksNotRecorded {
     Late,
 }
 use crate::acks::QueueFull;
+use crate::mailbox::Mailbox;
 use crate::recovery::Band;
 use crate::sessions::Push;
 
@@ -38,19 +41,38 @@ impl<S, E> Session<S>
 where
     S: Stream<Item = Result<Message, E>> + Sink<Message> + Unpin + Send,
 {
-    /// A realtime push from the node channel.
-    pub(super) async fn on_push(&mut self, push: Push) -> Flow {
-        if !self.inflight.insert(push.id, Instant::now(), &push.frame) {
+    /// A realtime push from the node channel, with the pushes queued behind it (up to
+    /// [`PUSHES_PER_WRITE`], while the window has room): their frames go out in one
+    /// socket write, not one each.
+    pub(super) async fn on_push(&mut self, first: Push, mailbox: &Mailbox) -> Flow {
+        let mut written: Vec<Instant> = Vec::new();
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(push) = next.take() {
+            taken += 1;
+            if self.inflight.insert(push.id, Instant::now(), &push.frame) {
+                // Time the push waited for room in a full window is the device's, not
+                // the node's.
+                written.push(push.arrived.max(self.inflight.reopened()));
+                self.recheck_follows(&push.frame).await;
+                if !self.feed(push.frame).await {
+                    return ControlFlow::Break(End::Gone);
+                }
+            }
+            if taken < PUSHES_PER_WRITE && self.inflight.has_room() {
+                next = mailbox.try_push();
+            }
+        }
+        if written.is_empty() {
             return ControlFlow::Continue(());
         }
-        // Time the push waited for room in a full window is the device's, not the node's.
-        let from = push.arrived.max(self.inflight.reopened());
-        self.recheck_follows(&push.frame).await;
-        if !self.write(push.frame).await {
+        if !self.flush().await {
             return ControlFlow::Break(End::Gone);
         }
-        self.env.limits.realtime.record(from.elapsed());
-        metrics::counter!("herald_deliveries_total", "kind" => "realtime").increment(1);
+        for from in &written {
+            self.env.limits.realtime.record(from.elapsed());
+        }
+        metrics::counter!("herald_deliveries_total", "kind" => "realtime").increment(written.len() as u64);
         ControlFlow::Continue(())
     }
 
@@ -175,18 +197,21 @@ where
             }
             return Ok(());
         }
+        // The page's frames go out in one socket write.
         let now = Instant::now();
+        let mut fed = 0;
         for m in page {
             let frame: Utf8Bytes = msg_frame(&m).into();
             if self.inflight.insert(m.id, now, &frame) {
                 self.backlog.pushed(m.id);
                 self.recheck_follows(&frame).await;
-                if !self.write(frame).await {
+                if !self.feed(frame).await {
                     return Ok(());
                 }
-                metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
+                fed += 1;
             }
         }
+        self.flush_page(fed).await;
         Ok(())
     }
 
@@ -210,7 +235,9 @@ where
         let fresh: Vec<MsgId> = ids.into_iter().filter(|id| !self.inflight.contains(*id)).collect();
         // Nothing is removed on a failed read: the session ends and the page is read again.
         let frames = self.env.history.frames(&fresh).await?;
+        // The page's frames go out in one socket write.
         let now = Instant::now();
+        let mut fed = 0;
         for id in fresh {
             match frames.get(&id) {
                 Some(frame) => {
@@ -218,11 +245,11 @@ where
                     self.inflight.insert(id, now, &frame);
                     self.backlog.pushed(id);
                     self.recheck_follows(&frame).await;
-                    if !self.write(frame).await {
+                    if !self.feed(frame).await {
                         // Gone or stalled: the session ends; the page stays pending.
                         return Ok(());
                     }
-                    metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(1);
+                    fed += 1;
                 }
                 None => {
                     // Not in Redis nor MySQL (a message that was never committed cannot
@@ -231,7 +258,16 @@ where
                 }
             }
         }
+        self.flush_page(fed).await;
         Ok(())
+    }
+
+    /// Writes out a backlog page's `fed` frames. A failed write needs nothing here: the
+    /// session is gone or stalled, so it ends, and the page stays pending.
+    async fn flush_page(&mut self, fed: u64) {
+        if fed > 0 && self.flush().await {
+            metrics::counter!("herald_deliveries_total", "kind" => "backlog").increment(fed);
+        }
     }
 
     /// Acks are applied to the session at once and handed to the node's ack writer,

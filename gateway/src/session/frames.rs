@@ -74,6 +74,30 @@ where
         self.send_message(Message::Text(text)).await
     }
 
+    /// Puts a text frame in the socket's buffer without writing it out: frames fed one
+    /// after another go out in one write at the next [`Self::flush`] (or the next
+    /// [`Self::write`]). False when the socket is gone or stalled.
+    pub(super) async fn feed(&mut self, text: Utf8Bytes) -> bool {
+        metrics::counter!("herald_frames_out_total").increment(1);
+        if self.stalled {
+            return false;
+        }
+        let deadline = Duration::from_millis(self.env.cfg.gateway.write_timeout_ms);
+        let fed = tokio::time::timeout(deadline, self.socket.feed(Message::Text(text))).await;
+        self.met_deadline(fed)
+    }
+
+    /// Writes out the frames fed since the last write; false when the socket is gone or
+    /// stalled.
+    pub(super) async fn flush(&mut self) -> bool {
+        if self.stalled {
+            return false;
+        }
+        let deadline = Duration::from_millis(self.env.cfg.gateway.write_timeout_ms);
+        let flushed = tokio::time::timeout(deadline, self.socket.flush()).await;
+        self.met_deadline(flushed)
+    }
+
     /// Every write has a deadline: a peer that stops reading (a half-open connection
     /// whose buffers filled) must not hold the session, and its slots, forever. Once
     /// one write missed it, the session is over: later writes (the rest of a backlog
@@ -83,8 +107,15 @@ where
             return false;
         }
         let deadline = Duration::from_millis(self.env.cfg.gateway.write_timeout_ms);
-        match tokio::time::timeout(deadline, self.socket.send(m)).await {
-            Ok(sent) => sent.is_ok(),
+        let sent = tokio::time::timeout(deadline, self.socket.send(m)).await;
+        self.met_deadline(sent)
+    }
+
+    /// Whether a write under its deadline went through; one that missed it marks the
+    /// session stalled.
+    fn met_deadline<T, W>(&mut self, written: Result<Result<T, W>, tokio::time::error::Elapsed>) -> bool {
+        match written {
+            Ok(written) => written.is_ok(),
             Err(_) => {
                 metrics::counter!("herald_write_timeouts_total").increment(1);
                 self.stalled = true;

@@ -395,7 +395,7 @@ where
                 Some(answer) = self.requests.join_next(), if !self.requests.is_empty() => Box::pin(self.on_answer(answer)).await,
                 // Boxed too: inline, its write and deadline would add 160 bytes to the
                 // resting state (see `Session`); one small allocation per push.
-                push = mailbox.next_push(), if self.inflight.has_room() => Box::pin(self.on_push(push)).await,
+                push = mailbox.next_push(), if self.inflight.has_room() => Box::pin(self.on_push(push, mailbox)).await,
                 msg = self.socket.next() => Box::pin(self.on_socket(msg)).await,
                 // After pushes and the device's own frames: typing and presence wait,
                 // and are dropped when their queue fills (gateway.ephemeral_queue).

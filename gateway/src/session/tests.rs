@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -33,12 +34,18 @@ use crate::sessions::{Push, SessionRegistry};
 struct Peer {
     to_server: mpsc::UnboundedSender<Message>,
     from_server: mpsc::UnboundedReceiver<Message>,
+    /// The server's socket writes so far.
+    writes: Arc<AtomicUsize>,
 }
 
-/// The server's end: a `Stream` of what the client wrote and a `Sink` for its frames.
+/// The server's end: a `Stream` of what the client wrote and a `Sink` for its frames,
+/// which, like a WebSocket's, buffers what it is given until a flush writes it out.
 struct ChannelSocket {
     rx: mpsc::UnboundedReceiver<Message>,
     tx: mpsc::UnboundedSender<Message>,
+    buffered: Vec<Message>,
+    /// Flushes that wrote something: the socket writes a real one would make.
+    writes: Arc<AtomicUsize>,
 }
 
 impl Stream for ChannelSocket {
@@ -53,21 +60,30 @@ impl Sink<Message> for ChannelSocket {
     fn poll_ready(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), Self::Error> {
-        self.tx.send(item)
+    fn start_send(mut self: Pin<&mut Self>, item: Message) -> Result<(), Self::Error> {
+        self.buffered.push(item);
+        Ok(())
     }
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if !self.buffered.is_empty() {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+        for m in std::mem::take(&mut self.buffered) {
+            self.tx.send(m)?;
+        }
         Poll::Ready(Ok(()))
     }
-    fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.poll_flush(cx)
     }
 }
 
 fn socket_pair() -> (ChannelSocket, Peer) {
     let (to_server, rx) = mpsc::unbounded_channel();
     let (tx, from_server) = mpsc::unbounded_channel();
-    (ChannelSocket { rx, tx }, Peer { to_server, from_server })
+    let writes = Arc::new(AtomicUsize::new(0));
+    let socket = ChannelSocket { rx, tx, buffered: Vec::new(), writes: writes.clone() };
+    (socket, Peer { to_server, from_server, writes })
 }
 
 impl Peer {
@@ -277,6 +293,48 @@ async fn a_session_over_channels_pages_its_backlog_takes_acks_and_pushes_in_real
     assert!(matches!(peer2.next().await, Ok(ServerFrame::Reconnect(_))));
     assert_eq!(peer2.next().await.unwrap_err(), Some(4003));
     newer.await.unwrap();
+    let _: i64 = f.redis.del(vec![f.keys.devices("t", "u"), f.keys.presence("t", "u")]).await.unwrap();
+}
+
+/// A backlog page, and realtime pushes that queued together, go out in one socket write
+/// each, not one per frame. Before: every frame was a write (a `sendto`) of its own.
+#[tokio::test]
+async fn a_page_and_pushes_queued_together_go_out_in_one_write_each() {
+    let f = fixture("d1").await;
+    let ids: Vec<u64> = (0..3).map(|k| (1u64 << 62) + k).collect();
+    fill(&f, "d1", &ids).await;
+    let (socket, mut peer) = socket_pair();
+    let session =
+        tokio::spawn(Session::run(f.env.clone(), f.claims.clone(), admission(1), socket, super::Features::default()));
+    assert!(matches!(peer.next().await, Ok(ServerFrame::Hello(_))));
+    let before_page = peer.writes.load(Ordering::SeqCst);
+    let mut page = Vec::new();
+    while page.len() < 3 {
+        let Ok(ServerFrame::Msg(m)) = peer.next().await else { panic!("the backlog page") };
+        page.push(m.id);
+    }
+    assert_eq!(page.iter().map(|id| id.0).collect::<Vec<_>>(), ids);
+    assert_eq!(peer.writes.load(Ordering::SeqCst) - before_page, 1, "a page of 3 is one write");
+    peer.send(ClientFrame::Ack(herald_shared::protocol::AckFrame { ids: page }));
+    assert!(matches!(peer.next().await, Ok(ServerFrame::CaughtUp(_))));
+
+    // Queued while the session waits (this test's runtime has one thread, so it cannot
+    // run between them): written together, in order.
+    let before_pushes = peer.writes.load(Ordering::SeqCst);
+    for k in 0..5u64 {
+        let id = ids[2] + 1 + k;
+        let push =
+            Push { id: MsgId(id), frame: Utf8Bytes::from(frame_of(id, 4 + k)), arrived: tokio::time::Instant::now() };
+        f.env.directory.push(&DeviceKey::of(&f.claims), push);
+    }
+    for seq in 4..9 {
+        let Ok(ServerFrame::Msg(m)) = peer.next().await else { panic!("the realtime pushes") };
+        assert_eq!(m.seq, seq);
+    }
+    assert_eq!(peer.writes.load(Ordering::SeqCst) - before_pushes, 1, "5 queued pushes are one write");
+    assert_eq!(f.env.limits.realtime.take().0, 5, "each push's latency is still recorded");
+    drop(peer);
+    session.await.unwrap();
     let _: i64 = f.redis.del(vec![f.keys.devices("t", "u"), f.keys.presence("t", "u")]).await.unwrap();
 }
 

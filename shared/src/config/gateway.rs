@@ -153,6 +153,12 @@ section! {
         ///
         /// Its slots are freed; what it had not acked stays pending for its next session.
         pub write_timeout_ms: u64 = "10000",
+        /// Bytes of frames a session gathers before they go to the socket; 0 writes each frame alone.
+        ///
+        /// A backlog page, and realtime pushes that queued together, then go out in one
+        /// socket write (a `sendto`) instead of one per frame. A session that wrote such a
+        /// batch keeps a buffer of about twice this while it lives.
+        pub write_batch_bytes: usize = "8192",
         /// Time an HTTP request has to arrive whole and be answered; past it, `bad_request`.
         ///
         /// Bounds a client that sends its head and then trickles (or never sends) the body.
@@ -327,6 +333,9 @@ impl GatewayConfig {
         }
         if !(100..=600_000).contains(&self.write_timeout_ms) {
             bad.push("gateway.write_timeout_ms", "must be 100..=600000");
+        }
+        if self.write_batch_bytes > 1 << 20 {
+            bad.push("gateway.write_batch_bytes", "must be 0..=1048576");
         }
         if !(1_024..=16 << 20).contains(&self.history_page_bytes) {
             bad.push("gateway.history_page_bytes", "must be 1024..=16777216");
