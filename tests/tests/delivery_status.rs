@@ -121,6 +121,36 @@ async fn a_group_counts_the_members_that_have_it_and_reading_counts_as_delivered
     }
 }
 
+/// Delivered positions that reach the worker within `worker.delivered_linger_ms` of
+/// each other are applied in one round: here bob's and carol's acks leave the gateway
+/// in different flushes, and the sender is told once, with both counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_within_the_workers_linger_are_applied_together() {
+    let mut c = Cluster::new("dlv-linger");
+    c.set("HERALD_DELIVERY__STATUS_INTERVAL_MS", "10");
+    c.set("HERALD_WORKER__DELIVERED_LINGER_MS", "4000");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    c.client(0, "alice", "a1").create_conversation(Some("g"), "group", &["alice", "bob", "carol"]).await.unwrap();
+    let a1 = device(&c, "alice", "a1", true).await;
+    a1.send("g1", "g", json!({"n": 1})).await;
+    eventually(Duration::from_secs(10), "a1's send is committed", || async {
+        a1.sent.lock().unwrap().get("g1").cloned()
+    })
+    .await;
+    let b1 = device(&c, "bob", "b1", false).await;
+    eventually(Duration::from_secs(10), "b1 gets the message", || async { (!b1.ids().is_empty()).then_some(()) }).await;
+    // Past the gateway's flush period (500 ms): carol's position is another entry.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let c1 = device(&c, "carol", "c1", false).await;
+    shown(&a1, "g", 1, 2).await;
+    let told: Vec<u64> = statuses(&a1).iter().filter(|s| s.conv == "g" && s.seq == 1).map(|s| s.count).collect();
+    assert_eq!(told, vec![2], "one round told alice of both acks");
+    for d in [a1, b1, c1] {
+        d.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_acks_give_at_most_one_frame_per_conversation_per_interval() {
     let c = cluster("dlv-batch", "1000").await;

@@ -32,6 +32,15 @@ section! {
         /// held up (a lock wait, a very large group) holds up the worker's other shards
         /// for this long only (docs/capacity.md).
         pub commit_overlap_ms: u64 = "20",
+        /// Milliseconds a shard's delivered positions wait for more before they are applied.
+        ///
+        /// Positions that arrive meanwhile are applied together: one read of their
+        /// conversations' members and one upsert per round, however many acks and
+        /// gateways' flushes it covers. The senders' `delivered` frames come up to this
+        /// much later (a sender is shown one per `delivery.status_interval_ms` anyway).
+        /// Read receipts never wait: a round with one applies at once. 0 applies every
+        /// batch's positions as soon as its sends are committed.
+        pub delivered_linger_ms: u64 = "500",
         /// How long one XREADGROUP blocks waiting for entries.
         pub batch_block_ms: u64 = "1000",
         /// Lease time of shard ownership and of the snowflake worker id; renewed at a third.
@@ -138,6 +147,9 @@ impl WorkerConfig {
         }
         if self.batch_max_bytes < 1_024 {
             bad.push("worker.batch_max_bytes", "must be at least 1024");
+        }
+        if self.delivered_linger_ms > 10_000 {
+            bad.push("worker.delivered_linger_ms", "must be at most 10000");
         }
         if self.lease_ttl_ms < 300 {
             bad.push("worker.lease_ttl_ms", "must be at least 300");

@@ -4,7 +4,8 @@
 //! delays positions, never the shard's next batch of sends. The shard hands each
 //! batch's positions over once the batch's sends are committed (so a read or a
 //! delivered position of a message in it is not capped) and goes on with its next
-//! batch; the lane applies everything handed over since its last round together: the
+//! batch; the lane applies everything handed over since its last round together
+//! (delivered positions alone first wait `worker.delivered_linger_ms` for more): the
 //! reads of one user and conversation as one (the furthest: positions only move
 //! forward, so a flood of reads costs a round what one read does), answering each read
 //! with the position then stored, then the delivered positions (which tell the
@@ -98,11 +99,13 @@ async fn run(
     cancel: CancellationToken,
 ) {
     let keep_going = || !cancel.is_cancelled() && lease.is_valid();
+    let linger = Duration::from_millis(s.cfg.worker.delivered_linger_ms);
     while let Some(mut round) = rx.recv().await {
         while round.len() < ROUND_MAX {
             let Ok(more) = rx.try_recv() else { break };
             round.append(more);
         }
+        gather(&mut rx, &mut round, linger, &cancel).await;
         if !round.reads.is_empty() && !apply_reads(&s, &round.reads, shard, keep_going).await {
             return;
         }
@@ -121,6 +124,34 @@ async fn run(
         if let Err(e) = acked.await {
             metrics::counter!("herald_redis_errors_total", "source" => "ingress").increment(1);
             tracing::warn!(shard, error = %e, "applied positions not acknowledged");
+        }
+    }
+}
+
+/// Waits up to `linger` for more positions to join a round of delivered positions, so
+/// that the flushes of every gateway in that time cost one round; stops early when a
+/// read receipt arrives (its reader waits for the answer), the round is full, the
+/// shard closes the lane or the worker stops.
+async fn gather(
+    rx: &mut mpsc::Receiver<Positions>,
+    round: &mut Positions,
+    linger: Duration,
+    cancel: &CancellationToken,
+) {
+    if linger.is_zero() || !round.reads.is_empty() || round.len() >= ROUND_MAX {
+        return;
+    }
+    let until = tokio::time::Instant::now() + linger;
+    loop {
+        let more = tokio::select! {
+            _ = tokio::time::sleep_until(until) => return,
+            _ = cancel.cancelled() => return,
+            more = rx.recv() => more,
+        };
+        let Some(more) = more else { return };
+        round.append(more);
+        if !round.reads.is_empty() || round.len() >= ROUND_MAX {
+            return;
         }
     }
 }
