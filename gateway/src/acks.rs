@@ -1,7 +1,9 @@
 //! The node's ack writer: acked ids leave their devices' pending sets through it. A
 //! session hands over what its device acked and goes on; the writer removes what
-//! arrived while its previous write was under way, in one pipeline with one ZREM per
-//! pending set. There is no linger: a lone ack goes at once, and under load an ack costs
+//! arrived while its previous write was under way, in one call of the acks script
+//! (`acks_remove.lua`) per cluster slot: one command on a single Redis, however many
+//! pending sets (the client writes each command of a pipeline on its own, so a ZREM per
+//! set was a system call per set on both sides). There is no linger: a lone ack goes at once, and under load an ack costs
 //! a member in a shared write instead of a Redis round trip of the session's own (with
 //! a timer to batch it) on the session's task.
 //!
@@ -18,9 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::SortedSetsInterface;
-use fred::prelude::{Pool, Value};
+use fred::prelude::{Client, ClientLike, Pool, Value};
+use fred::types::{ClusterHash, CustomCommand};
 use herald_shared::ids::MsgId;
+use herald_shared::scripts;
 use tokio::sync::{mpsc, Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -117,13 +120,42 @@ fn channel_of(redis: Pool, capacity: usize) -> (AckQueue, AckWriter) {
     (AckQueue(tx), AckWriter { redis, rx: Arc::new(Mutex::new(rx)) })
 }
 
-/// A write's ZREMs: the ids of each pending set, in one list per set.
-fn by_key(batch: &[Removal]) -> BTreeMap<&str, Vec<String>> {
+/// Ids per script call at most: a call runs alone in Redis, so a large write is cut
+/// into calls of about this many ids (a set with more gets a call of its own).
+const CALL_IDS: usize = 4_096;
+
+/// A write's removals: the ids of each pending set, in one list per set.
+fn by_key(batch: &[Removal]) -> Vec<(&str, Vec<String>)> {
     let mut sets: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for r in batch {
         sets.entry(r.key.as_str()).or_default().extend(r.ids.iter().map(|id| id.member()));
     }
-    sets
+    sets.into_iter().collect()
+}
+
+/// The script calls of a write: indexes into `sets`, each call's sets sharing a
+/// cluster slot (any sets on a single Redis), at most [`CALL_IDS`] ids per call.
+fn calls(sets: &[(&str, Vec<String>)], clustered: bool) -> Vec<Vec<usize>> {
+    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (i, (key, _)) in sets.iter().enumerate() {
+        let slot = if clustered { fred::util::redis_keyslot(key.as_bytes()) } else { 0 };
+        by_slot.entry(slot).or_default().push(i);
+    }
+    let mut calls = Vec::new();
+    for in_slot in by_slot.into_values() {
+        let (mut call, mut ids) = (Vec::new(), 0);
+        for i in in_slot {
+            let size = sets[i].1.len();
+            if !call.is_empty() && ids + size > CALL_IDS {
+                calls.push(std::mem::take(&mut call));
+                ids = 0;
+            }
+            call.push(i);
+            ids += size;
+        }
+        calls.push(call);
+    }
+    calls
 }
 
 impl AckWriter {
@@ -163,24 +195,18 @@ impl AckWriter {
         }
     }
 
-    /// One pipeline: a ZREM per pending set. A set Redis refuses the removal for (its
-    /// key holds another type) is logged and skipped, not retried forever ahead of
-    /// every other session's acks.
+    /// The acks script once per cluster slot, in one pipeline (loaded first when Redis
+    /// does not know it). A set Redis refuses the removal for (its key holds another
+    /// type) is logged and skipped, not retried forever ahead of every other session's
+    /// acks.
     async fn write(&self, batch: &[Removal]) -> Result<(), fred::error::Error> {
-        let sets = by_key(batch);
-        let pipe = self.redis.next().pipeline();
-        for (key, members) in &sets {
-            let _: () = pipe.zrem(*key, members.clone()).await?;
-        }
-        let answers: Vec<Result<Value, fred::error::Error>> = pipe.try_all().await;
-        for ((key, _), answer) in sets.iter().zip(&answers) {
-            match answer {
-                Err(e) if is_refusal(e) => {
-                    tracing::warn!(key, error = %e, "a pending set refused its acks' removal; skipped");
-                }
-                Err(e) => return Err(e.clone()),
-                Ok(_) => {}
+        let client = self.redis.next();
+        match remove(client, batch).await {
+            Err(e) if e.to_string().contains("NOSCRIPT") => {
+                scripts::ACKS_REMOVE.script().load(client).await?;
+                remove(client, batch).await?;
             }
+            other => other?,
         }
         let ids: usize = batch.iter().map(|r| r.ids.len()).sum();
         metrics::counter!("herald_acks_recorded_total").increment(ids as u64);
@@ -227,6 +253,52 @@ fn is_refusal(e: &fred::error::Error) -> bool {
         || e.details().starts_with("WRONGTYPE")
 }
 
+/// One write's script calls; an error when any call failed other than by a refusal.
+async fn remove(client: &Client, batch: &[Removal]) -> Result<(), fred::error::Error> {
+    let mut sets = by_key(batch);
+    let calls = calls(&sets, client.is_clustered());
+    let pipe = client.pipeline();
+    for call in &calls {
+        let ids: usize = call.iter().map(|&i| sets[i].1.len()).sum();
+        let mut command: Vec<Value> = Vec::with_capacity(2 + 2 * call.len() + ids);
+        command.push(scripts::ACKS_REMOVE.script().sha1().clone().into());
+        command.push((call.len() as i64).into());
+        command.extend(call.iter().map(|&i| Value::from(sets[i].0)));
+        for &i in call {
+            let members = std::mem::take(&mut sets[i].1);
+            command.push((members.len() as i64).into());
+            command.extend(members.into_iter().map(Value::from));
+        }
+        // EVALSHA through `custom`: pipelines have no Lua interface. The slot is the
+        // first key's (offset 2: sha, numkeys, key...).
+        let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), command).await?;
+    }
+    let answers: Vec<Result<Value, fred::error::Error>> = pipe.try_all().await;
+    if answers.len() != calls.len() {
+        let first_error = answers.into_iter().find_map(Result::err);
+        return Err(first_error.unwrap_or_else(|| {
+            fred::error::Error::new(fred::error::ErrorKind::Unknown, "acks pipeline answered short")
+        }));
+    }
+    for (call, answer) in calls.iter().zip(answers) {
+        let flags = match answer {
+            Ok(flags) => flags.into_array(),
+            Err(e) if is_refusal(&e) => {
+                let keys: Vec<&str> = call.iter().map(|&i| sets[i].0).collect();
+                tracing::warn!(?keys, error = %e, "pending sets refused their acks' removal; skipped");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for (&i, flag) in call.iter().zip(flags) {
+            if flag.as_i64() != Some(1) {
+                tracing::warn!(key = sets[i].0, "a pending set refused its acks' removal; skipped");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn done(batch: Vec<Removal>) {
     for r in batch {
         r.tally.land();
@@ -235,7 +307,7 @@ fn done(batch: Vec<Removal>) {
 
 #[cfg(test)]
 mod tests {
-    use fred::interfaces::KeysInterface;
+    use fred::interfaces::{KeysInterface, SortedSetsInterface};
 
     use super::*;
 
@@ -296,6 +368,43 @@ mod tests {
         let _: i64 = redis.next().del(&key).await.unwrap();
         assert_eq!(left, 0, "every queued ack was recorded before the writer ended");
         assert!(tally.is_clear());
+    }
+
+    /// A set acked more ids at once than the script removes per ZREM (a backlog
+    /// page's worth and more) loses them all, beside a set acked a few.
+    #[tokio::test]
+    async fn a_set_acked_many_ids_at_once_loses_them_all() {
+        let redis = redis().await;
+        let ids: Vec<MsgId> = (0..1_203).map(|i| MsgId((1 << 62) + i)).collect();
+        let (many, few) = (pending(&redis, &ids).await, pending(&redis, &ids[..5]).await);
+        let (queue, writer) = channel(redis.clone());
+        let tally = Arc::new(Tally::default());
+        queue.remove(&many, ids.clone(), &tally).unwrap();
+        queue.remove(&few, ids[..2].to_vec(), &tally).unwrap();
+        let stop = CancellationToken::new();
+        stop.cancel();
+        writer.run(stop).await;
+        let left_many: u64 = redis.next().zcard(&many).await.unwrap();
+        let left_few: u64 = redis.next().zcard(&few).await.unwrap();
+        let _: i64 = redis.next().del(vec![many, few]).await.unwrap();
+        assert_eq!((left_many, left_few), (0, 3));
+        assert!(tally.is_clear());
+    }
+
+    /// A write is one script call on a single Redis, however many sets; in a cluster one
+    /// per slot; and a call carries at most [`CALL_IDS`] ids unless one set has more.
+    #[test]
+    fn a_write_is_one_call_per_slot_of_bounded_size() {
+        let ids = |n: usize| vec![String::from("1"); n];
+        let sets = vec![("{a}:p:1", ids(3)), ("{b}:p:1", ids(2)), ("{a}:p:2", ids(1))];
+        assert_eq!(calls(&sets, false), vec![vec![0, 1, 2]]);
+        let mut by_slot = calls(&sets, true);
+        by_slot.sort();
+        assert_eq!(by_slot, vec![vec![0, 2], vec![1]], "{{a}} and {{b}} hash to different slots");
+        let big = vec![("k1", ids(CALL_IDS - 1)), ("k2", ids(2)), ("k3", ids(CALL_IDS + 5)), ("k4", ids(1))];
+        assert_eq!(calls(&big, false), vec![vec![0], vec![1], vec![2], vec![3]]);
+        let fits = vec![("k1", ids(CALL_IDS - 2)), ("k2", ids(2)), ("k3", ids(1))];
+        assert_eq!(calls(&fits, false), vec![vec![0, 1], vec![2]]);
     }
 
     /// A hand-over the full queue refuses gives its ids back (the session keeps them) and

@@ -62,6 +62,8 @@ scripts! {
     FANOUT = "fanout";
     /// Records a read position for one user's devices and reports their presence.
     READS_RECORD = "reads_record";
+    /// Removes acked ids from the pending sets of devices whose keys share a cluster slot.
+    ACKS_REMOVE = "acks_remove";
     /// Removes read positions a device confirmed.
     READS_CONFIRM = "reads_confirm";
     /// The next backlog page after a cursor, exact above 2^53.
@@ -106,6 +108,6 @@ mod tests {
             assert!(s.source().contains("-- Returns:"), "{} does not state what it returns", s.name());
             assert!(hashes.insert(s.script().sha1().to_string()), "{}", s.name());
         }
-        assert_eq!(ALL.len(), 15);
+        assert_eq!(ALL.len(), 16);
     }
 }
