@@ -136,26 +136,7 @@ fn by_key(batch: &[Removal]) -> Vec<(&str, Vec<String>)> {
 /// The script calls of a write: indexes into `sets`, each call's sets sharing a
 /// cluster slot (any sets on a single Redis), at most [`CALL_IDS`] ids per call.
 fn calls(sets: &[(&str, Vec<String>)], clustered: bool) -> Vec<Vec<usize>> {
-    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-    for (i, (key, _)) in sets.iter().enumerate() {
-        let slot = if clustered { fred::util::redis_keyslot(key.as_bytes()) } else { 0 };
-        by_slot.entry(slot).or_default().push(i);
-    }
-    let mut calls = Vec::new();
-    for in_slot in by_slot.into_values() {
-        let (mut call, mut ids) = (Vec::new(), 0);
-        for i in in_slot {
-            let size = sets[i].1.len();
-            if !call.is_empty() && ids + size > CALL_IDS {
-                calls.push(std::mem::take(&mut call));
-                ids = 0;
-            }
-            call.push(i);
-            ids += size;
-        }
-        calls.push(call);
-    }
-    calls
+    herald_shared::redis::calls_by_slot(sets.iter().map(|(key, ids)| (*key, ids.len())), clustered, CALL_IDS)
 }
 
 impl AckWriter {

@@ -119,6 +119,36 @@ pub async fn eviction_policy(client: &Client) -> Result<String, Error> {
     Ok(policy)
 }
 
+/// Groups the items of one Lua script's work into calls: each call's items share a
+/// cluster slot (any items on a single Redis), at most `bound` of size in all per call
+/// (an item larger than that gets a call of its own). An item is the key its slot is
+/// read from and its size; a call is indexes into the items, in their order.
+pub fn calls_by_slot<K: AsRef<[u8]>>(
+    items: impl IntoIterator<Item = (K, usize)>,
+    clustered: bool,
+    bound: usize,
+) -> Vec<Vec<usize>> {
+    let mut by_slot: std::collections::BTreeMap<u16, Vec<(usize, usize)>> = std::collections::BTreeMap::new();
+    for (i, (key, size)) in items.into_iter().enumerate() {
+        let slot = if clustered { fred::util::redis_keyslot(key.as_ref()) } else { 0 };
+        by_slot.entry(slot).or_default().push((i, size));
+    }
+    let mut calls = Vec::new();
+    for in_slot in by_slot.into_values() {
+        let (mut call, mut total) = (Vec::new(), 0);
+        for (i, size) in in_slot {
+            if !call.is_empty() && total + size > bound {
+                calls.push(std::mem::take(&mut call));
+                total = 0;
+            }
+            call.push(i);
+            total += size;
+        }
+        calls.push(call);
+    }
+    calls
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
