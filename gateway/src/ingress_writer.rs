@@ -25,6 +25,7 @@ use herald_shared::error::ErrorCode;
 use herald_shared::keys::Keys;
 use herald_shared::protocol::pack::{self, PackedSend};
 use herald_shared::protocol::SendOutcome;
+use herald_shared::redis::Batch;
 use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -193,23 +194,21 @@ impl IngressWriter {
         }
     }
 
-    /// One pipeline of XADDs; the requests of an entry that was not added hear
+    /// XADDs sent together (one socket write, [`Batch`]); the requests of an entry that was not added hear
     /// `unavailable`. No MAXLEN: an entry leaves its stream only when a worker has
     /// committed it (XDEL after XACK), so a long worker outage cannot trim away accepted
     /// sends.
     async fn write(&self, requests: Vec<(u32, Request)>, pack_max: usize) {
         let entries = entries(requests, &self.node_id, pack_max.max(1));
-        let pipe = self.redis.next().pipeline();
-        let mut queued = Vec::with_capacity(entries.len());
+        let client = self.redis.next();
+        let mut batch = Batch::new();
+        let mut rids_of = Vec::with_capacity(entries.len());
         for Entry { shard, fields, rids } in entries {
-            let added: Result<(), Error> = pipe.xadd(self.keys.ingress(shard), false, None, "*", fields).await;
-            queued.push((rids, added.is_ok()));
+            batch.push(client.xadd::<Value, _, _, _, _>(self.keys.ingress(shard), false, None, "*", fields));
+            rids_of.push(rids);
         }
-        let answers: Vec<Result<Value, Error>> = pipe.try_all().await;
-        let mut answers = answers.into_iter();
-        for (rids, was_queued) in queued {
-            let added = was_queued && matches!(answers.next(), Some(Ok(_)));
-            if !added {
+        for (rids, added) in rids_of.into_iter().zip(batch.run().await) {
+            if added.is_err() {
                 self.refuse(&rids);
             }
         }

@@ -35,6 +35,14 @@ fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     Some(stat[stat.rfind(')')? + 1..].split_whitespace().collect())
 }
 
+/// Write system calls this thread has made (`syscw` of `/proc/thread-self/io`), for the
+/// tests that count what reaches a socket: a current-thread runtime runs a Redis
+/// client's connection task on its own thread. `None` where `/proc` does not say.
+pub fn thread_write_calls() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
+    io.lines().find_map(|l| l.strip_prefix("syscw: ")).and_then(|n| n.trim().parse().ok())
+}
+
 /// CPU seconds (user + system) from a `/proc/<pid>/stat` line.
 pub fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
     let fields = stat_fields(stat)?;

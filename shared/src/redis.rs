@@ -10,6 +10,9 @@ use fred::types::config::{ReconnectPolicy, TlsConfig, TlsHostMapping, Unresponsi
 
 use crate::tls::{ClientTls, TlsError};
 
+mod batch;
+pub use batch::Batch;
+
 /// Turns Herald's `redis-cluster://h1:p1,h2:p2` (or `rediss-cluster://`) into fred's
 /// `?node=` form.
 fn fred_url(url: &str) -> String {

@@ -1,13 +1,14 @@
 //! Envelopes to gateways: what the worker tells the nodes holding the devices and the
-//! waiting senders (answers, statuses), one pipeline for every node.
+//! waiting senders (answers, statuses), sent together in one socket write.
 
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
 use herald_shared::keys::Keys;
 use herald_shared::protocol::NodeEnvelope;
+use herald_shared::redis::Batch;
 
-/// Publishes envelopes to their nodes' channels in one pipeline.
+/// Publishes envelopes to their nodes' channels, together ([`Batch`]).
 pub async fn publish<N: AsRef<str>>(
     redis: &Pool,
     keys: &Keys,
@@ -16,10 +17,12 @@ pub async fn publish<N: AsRef<str>>(
     if by_node.is_empty() {
         return Ok(());
     }
-    let pipe = redis.next().pipeline();
+    let client = redis.next();
+    let mut batch = Batch::new();
     for (node, env) in by_node {
         let payload = serde_json::to_string(env).expect("envelope serializes");
-        herald_shared::redis::publish_to_node(&pipe, keys.node_channel(node.as_ref()), payload).await?;
+        let channel = keys.node_channel(node.as_ref());
+        batch.publish_to_node(client, channel, payload);
     }
-    pipe.all::<Value>().await.map(|_| ())
+    batch.run().await.into_iter().collect::<Result<Vec<Value>, Error>>().map(|_| ())
 }

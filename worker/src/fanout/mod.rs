@@ -4,9 +4,10 @@
 //! eligible device of every member (except the sending device) gets the id in its
 //! pending set through a Lua call per group of users sharing a cluster slot (on a
 //! single Redis, every user in one call, cut at 2 048 entries); the gateways holding online
-//! devices get one PUBLISH per node carrying the frames. Two pipelines: the frames and
-//! pending entries, then the PUBLISHes with the markers of the finished outbox events
-//! (only once every pending entry is written). Fan-out is idempotent, so the outbox may
+//! devices get one PUBLISH per node carrying the frames. Two batches of commands, each
+//! sent in one socket write ([`Batch`]): the frames and pending entries, then the
+//! PUBLISHes with the markers of the finished outbox events (only once every pending
+//! entry is written). Fan-out is idempotent, so the outbox may
 //! run it again after a failure.
 //!
 //! A fan-out that failed for some devices (their entries could not be written) still
@@ -21,6 +22,7 @@ use fred::prelude::*;
 use herald_shared::ids::MsgId;
 use herald_shared::keys::{DeviceKey, Keys};
 use herald_shared::protocol::{Delivery, NodeEnvelope};
+use herald_shared::redis::Batch;
 use herald_shared::scripts;
 use serde_json::value::RawValue;
 use sqlx::mysql::MySqlPool;
@@ -274,7 +276,7 @@ impl Fanout {
         if publishes + events.len() == 0 {
             return Ok(());
         }
-        let pipe = client.pipeline();
+        let mut batch = Batch::new();
         for (node, deliveries) in by_node {
             let mut env = NodeEnvelope::default();
             for (id, to) in deliveries {
@@ -282,23 +284,14 @@ impl Fanout {
                 env.deliver.push(Delivery { id, frame: frames[&id].clone(), to });
             }
             let payload = serde_json::to_string(&env).expect("envelope serializes");
-            herald_shared::redis::publish_to_node(&pipe, self.keys.node_channel(&node), payload).await?;
+            let channel = self.keys.node_channel(&node);
+            batch.publish_to_node(client, channel, payload);
         }
         let expiry = Expiration::PX(self.done_ttl_ms as i64);
         for event in events {
-            let _: () = pipe.set(self.keys.fanned_out(*event), 1, Some(expiry.clone()), None, false).await?;
+            batch.push(client.set::<Value, _, _>(self.keys.fanned_out(*event), 1, Some(expiry.clone()), None, false));
         }
-        let results = pipe.try_all::<Value>().await;
-        if results.len() != publishes + events.len() {
-            // The pipeline failed as a whole: the devices online were not told.
-            let first_error = results.into_iter().find_map(Result::err);
-            return Err(first_error
-                .unwrap_or_else(|| {
-                    fred::error::Error::new(fred::error::ErrorKind::Unknown, "publish pipeline answered short")
-                })
-                .into());
-        }
-        let mut results = results.into_iter();
+        let mut results = batch.run().await.into_iter();
         for r in results.by_ref().take(publishes) {
             r?;
         }

@@ -178,3 +178,34 @@ fn users_go_in_calls_by_slot_and_size() {
         assert_eq!(slots.len(), 1, "one slot per call: {call:?}");
     }
 }
+
+/// A fan-out run's frames and pending entries leave in one socket write, and its
+/// publishes and markers in another: not a write per command, as a pipeline of fred
+/// sends them (100 messages took over 100 writes that way).
+#[tokio::test]
+async fn a_fan_out_runs_commands_leave_in_a_few_socket_writes() {
+    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
+    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000);
+    // Loaded first, so that the run below sends no SCRIPT LOAD of its own.
+    scripts::FANOUT.script().load(redis.next()).await.unwrap();
+    let _: i64 = redis
+        .next()
+        .hset(keys.presence("t", "carol"), ("p1", PresenceValue::new("gw-x", "s1").to_string()))
+        .await
+        .unwrap();
+    let msgs: Vec<Committed> = (1..=100).map(|seq| message(4_000 + seq, seq)).collect();
+    let members = [member("alice", "a1"), member("bob", "b1"), member("carol", "p1")];
+    let writes = || herald_shared::process_metrics::thread_write_calls().expect("/proc/thread-self/io");
+    let before = writes();
+    fanout.deliver_to(&[(&msgs, &members)], &[101, 102]).await.expect("fan-out");
+    let written = writes() - before;
+    assert!(written <= 6, "a fan-out of 100 messages took {written} write system calls");
+    let stored: i64 = redis.next().exists(msgs.iter().map(|m| keys.message(m.id)).collect::<Vec<_>>()).await.unwrap();
+    assert_eq!(stored, 100, "every frame is stored");
+    let pending: i64 = redis.next().zcard(keys.pending("t", "carol", "p1")).await.unwrap();
+    assert_eq!(pending, 100, "every entry is written");
+    assert!(fanout.is_done(101).await.unwrap() && fanout.is_done(102).await.unwrap());
+}

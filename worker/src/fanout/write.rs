@@ -1,5 +1,5 @@
-//! The fan-out's writes: frames, and pending entries through the fan-out script, in
-//! one pipeline.
+//! The fan-out's writes: frames, and pending entries through the fan-out script, sent
+//! together (one socket write, [`Batch`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -8,6 +8,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use herald_shared::ids::MsgId;
 use herald_shared::keys::PresenceValue;
 use herald_shared::protocol::TimelineEvent;
+use herald_shared::redis::Batch;
 use herald_shared::scripts;
 use serde_json::value::RawValue;
 
@@ -37,28 +38,29 @@ impl Fanout {
         frames: &HashMap<MsgId, Box<RawValue>>,
         plans: &BTreeMap<(String, String), UserPlan>,
     ) -> Result<Vec<Vec<Written>>, fred::error::Error> {
-        let pipe = client.pipeline();
+        let mut batch = Batch::new();
+        // A recall or edit drops its message's stored frame: devices that still owe it
+        // read it from MySQL, as it is now. A frame dropped in the same run is not
+        // stored at all.
+        let stale: Vec<MsgId> = msgs.iter().filter_map(|m| m.event.as_ref()?.target()).collect();
         // An edit's frame carries text a later recall must take back from everyone:
         // it is not kept here, and devices that owe it read it from MySQL, as it is now.
-        let cached: Vec<&&Committed> =
-            msgs.iter().filter(|m| !matches!(m.event, Some(TimelineEvent::Edited { .. }))).collect();
-        for m in &cached {
-            let _: () = pipe
-                .set(
-                    self.keys.message(m.id),
-                    frames[&m.id].get(),
-                    Some(Expiration::EX(self.message_ttl_s)),
-                    None,
-                    false,
-                )
-                .await?;
+        let cached =
+            msgs.iter().filter(|m| !matches!(m.event, Some(TimelineEvent::Edited { .. })) && !stale.contains(&m.id));
+        for m in cached {
+            let frame = frames[&m.id].get();
+            batch.push(client.set::<Value, _, _>(
+                self.keys.message(m.id),
+                frame,
+                Some(Expiration::EX(self.message_ttl_s)),
+                None,
+                false,
+            ));
         }
-        // A recall or edit drops its message's stored frame (after it was written, in
-        // commit order): devices that still owe it read it from MySQL, as it is now.
-        let stale: Vec<MsgId> = msgs.iter().filter_map(|m| m.event.as_ref()?.target()).collect();
         for id in &stale {
-            let _: () = pipe.del(self.keys.message(*id)).await?;
+            batch.push(client.del::<Value, _>(self.keys.message(*id)));
         }
+        let frame_writes = batch.len();
         let plans: Vec<(&(String, String), &UserPlan)> = plans.iter().collect();
         let calls = calls(&self.keys, &plans, client.is_clustered());
         for call in &calls {
@@ -79,27 +81,19 @@ impl Fanout {
                     }
                 }
             }
-            // EVALSHA through `custom`: pipelines have no Lua interface. The slot is
-            // the first key's (offset 2: sha, numkeys, key...).
+            // EVALSHA through `custom`: the slot is the first key's (offset 2: sha,
+            // numkeys, key...).
             let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
             command.push(scripts::FANOUT.script().sha1().clone().into());
             command.push((keys.len() as i64).into());
             command.extend(keys);
             command.extend(args);
-            let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), command).await?;
+            batch
+                .push(client.custom::<Value, _>(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), command));
         }
-        let results = pipe.try_all::<Value>().await;
-        // A pipeline that failed as a whole answers with fewer results than commands:
-        // that is a failed fan-out (retried by the outbox), never a partial success.
-        if results.len() != cached.len() + stale.len() + calls.len() {
-            let first_error = results.into_iter().find_map(Result::err);
-            return Err(first_error.unwrap_or_else(|| {
-                fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out pipeline answered short")
-            }));
-        }
-        let mut results = results.into_iter();
-        for _ in 0..cached.len() + stale.len() {
-            results.next().transpose()?;
+        let mut results = batch.run().await.into_iter();
+        for r in results.by_ref().take(frame_writes) {
+            r?;
         }
         let mut devices: Vec<Vec<Written>> = vec![Vec::new(); plans.len()];
         let mut calls_failed = None;

@@ -15,6 +15,7 @@ use fred::types::streams::XReadValue;
 use herald_shared::ids::now_ms;
 use herald_shared::keys::INGRESS_GROUP;
 use herald_shared::protocol::{IngressEntry, IngressRequest, TimelineEntry};
+use herald_shared::redis::Batch;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -138,11 +139,19 @@ impl IngressShard {
                         .xreadgroup::<Value, _, _, _, _>(INGRESS_GROUP, me, Some(count), block, false, &self.key, ">")
                         .await;
                 }
-                let pipe = client.pipeline();
-                let _: () = pipe.xack(&self.key, INGRESS_GROUP, done.clone()).await?;
-                let _: () = pipe.xdel(&self.key, done.clone()).await?;
-                let _: () = pipe.xreadgroup(INGRESS_GROUP, me, Some(count), block, false, &self.key, ">").await?;
-                let mut answers: Vec<Value> = pipe.all().await?;
+                let mut batch = Batch::new();
+                batch.push(client.xack::<Value, _, _, _>(&self.key, INGRESS_GROUP, done.clone()));
+                batch.push(client.xdel::<Value, _, _>(&self.key, done.clone()));
+                batch.push(client.xreadgroup::<Value, _, _, _, _>(
+                    INGRESS_GROUP,
+                    me,
+                    Some(count),
+                    block,
+                    false,
+                    &self.key,
+                    ">",
+                ));
+                let mut answers = batch.run().await.into_iter().collect::<Result<Vec<Value>, Error>>()?;
                 answers.pop().ok_or_else(|| Error::new(ErrorKind::Protocol, "the read answered short"))
             };
             let value = tokio::select! {
@@ -265,11 +274,10 @@ impl IngressShard {
         if xids.is_empty() {
             return Ok(());
         }
-        let pipe = client.pipeline();
-        let _: () = pipe.xack(&self.key, INGRESS_GROUP, xids.clone()).await?;
-        let _: () = pipe.xdel(&self.key, xids).await?;
-        let _: Vec<Value> = pipe.all().await?;
-        Ok(())
+        let mut batch = Batch::new();
+        batch.push(client.xack::<Value, _, _, _>(&self.key, INGRESS_GROUP, xids.clone()));
+        batch.push(client.xdel::<Value, _, _>(&self.key, xids));
+        batch.run().await.into_iter().try_for_each(|r| r.map(drop))
     }
 }
 
