@@ -12,40 +12,51 @@
 -- KEYS: per user: presence, overflow, then the pending set of each of its devices.
 -- ARGV: cap, users, then per user: its number of devices n, then per device:
 --       device id, count, count x (score, member).
--- Returns: per user, an array: device 1, presence of device 1 (or false), 1 when its
--- entries were written (else 0), device 2, ...
+-- Returns: one flat array, two elements per device in the order of ARGV: its presence
+-- (or false), then 1 when its entries were written (else 0).
+--
+-- Most devices get one entry per call (a message to a group): its ZADD takes the
+-- arguments as they are, without a table of them.
 local cap = tonumber(ARGV[1])
 local users = tonumber(ARGV[2])
 local pos = 3
 local k = 0
-local all = {}
+local out = {}
+local o = 0
 for u = 1, users do
   local presence, overflow = KEYS[k + 1], KEYS[k + 2]
   k = k + 2
   local n = tonumber(ARGV[pos])
   pos = pos + 1
-  local out = {}
   for i = 1, n do
     local dev = ARGV[pos]
     local count = tonumber(ARGV[pos + 1])
     pos = pos + 2
     k = k + 1
     local key = KEYS[k]
-    local j = 0
     local written = 1
-    while j < count do
-      local args = {}
-      local chunk = math.min(count - j, 500)
-      for c = 1, chunk do
-        args[#args + 1] = ARGV[pos]
-        args[#args + 1] = ARGV[pos + 1]
-        pos = pos + 2
-      end
-      local added = redis.pcall('ZADD', key, unpack(args))
+    if count == 1 then
+      local added = redis.pcall('ZADD', key, ARGV[pos], ARGV[pos + 1])
       if type(added) == 'table' and added.err then
         written = 0
       end
-      j = j + chunk
+      pos = pos + 2
+    else
+      local j = 0
+      while j < count do
+        local args = {}
+        local chunk = math.min(count - j, 500)
+        for c = 1, chunk do
+          args[#args + 1] = ARGV[pos]
+          args[#args + 1] = ARGV[pos + 1]
+          pos = pos + 2
+        end
+        local added = redis.pcall('ZADD', key, unpack(args))
+        if type(added) == 'table' and added.err then
+          written = 0
+        end
+        j = j + chunk
+      end
     end
     local card = 0
     if written == 1 then
@@ -66,10 +77,9 @@ for u = 1, users do
       end
       redis.call('HSET', overflow, dev, low .. ' ' .. high)
     end
-    out[#out + 1] = dev
-    out[#out + 1] = redis.call('HGET', presence, dev)
-    out[#out + 1] = written
+    out[o + 1] = redis.call('HGET', presence, dev)
+    out[o + 2] = written
+    o = o + 2
   end
-  all[#all + 1] = out
 end
-return all
+return out

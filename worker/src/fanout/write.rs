@@ -98,7 +98,7 @@ impl Fanout {
         let mut devices: Vec<Vec<Written>> = vec![Vec::new(); plans.len()];
         let mut calls_failed = None;
         for (call, r) in calls.iter().zip(results) {
-            let per_user = match r {
+            let answer = match r {
                 Ok(v) => v.into_array(),
                 Err(e) => {
                     // None of this call's users got their entries.
@@ -113,16 +113,18 @@ impl Fanout {
                     continue;
                 }
             };
-            if per_user.len() != call.len() {
+            // Two elements per device, in the order the call named them.
+            let named: usize = call.iter().map(|&i| plans[i].1.len()).sum();
+            if answer.len() != 2 * named {
                 return Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "fan-out script answered short"));
             }
-            for (&i, user) in call.iter().zip(per_user) {
-                for triple in user.into_array().chunks(3) {
-                    let [dev, presence, written] = triple else { continue };
-                    let Some(device) = dev.as_string() else { continue };
-                    let node = presence.as_string().as_deref().and_then(PresenceValue::parse).map(|p| p.node);
+            let mut answer = answer.into_iter();
+            for &i in call {
+                for device in plans[i].1.keys() {
+                    let (Some(presence), Some(written)) = (answer.next(), answer.next()) else { break };
+                    let node = presence.as_str().as_deref().and_then(PresenceValue::parse).map(|p| p.node);
                     let written = written.as_i64() == Some(1);
-                    devices[i].push(Written { device, node, written });
+                    devices[i].push(Written { device: device.clone(), node, written });
                 }
             }
         }
