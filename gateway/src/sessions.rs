@@ -126,7 +126,7 @@ impl SessionRegistry {
             return;
         };
         if e.mailbox.push(push) {
-            metrics::counter!("herald_pushes_total", "outcome" => "queued").increment(1);
+            crate::session::meters::PUSHES_QUEUED.increment(1);
         } else {
             metrics::counter!("herald_pushes_total", "outcome" => "dropped_slow_consumer").increment(1);
         }

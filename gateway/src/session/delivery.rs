@@ -14,6 +14,7 @@ use herald_shared::scripts;
 use tokio::time::Instant;
 
 use super::backlog::PageRequest;
+use super::meters;
 use super::{End, Flow, Session, SessionError};
 
 /// Realtime pushes written out together at most.
@@ -76,7 +77,7 @@ where
         for from in &written[..count] {
             self.env.limits.realtime.record(from.elapsed());
         }
-        metrics::counter!("herald_deliveries_total", "kind" => "realtime").increment(count as u64);
+        meters::REALTIME_DELIVERIES.increment(count as u64);
         ControlFlow::Continue(())
     }
 
@@ -282,16 +283,20 @@ where
         }
         let now_ms = now_ms();
         for id in &ids {
-            let kind = if self.backlog.is_outstanding(*id) { "backlog" } else { "realtime" };
+            let latency = if self.backlog.is_outstanding(*id) {
+                &meters::BACKLOG_DELIVERY_SECONDS
+            } else {
+                &meters::REALTIME_DELIVERY_SECONDS
+            };
             if let Some(frame) = self.inflight.ack(*id) {
                 // Commit (the id's own timestamp) to device ack.
                 let secs = now_ms.saturating_sub(id.unix_ms()) as f64 / 1000.0;
-                metrics::histogram!("herald_delivery_seconds", "kind" => kind).record(secs);
+                latency.record(secs);
                 self.delivered.note(&frame, &self.device.user);
             }
             self.backlog.acked(*id);
         }
-        metrics::counter!("herald_acks_total").increment(ids.len() as u64);
+        meters::ACKS.increment(ids.len() as u64);
         self.acks.add(ids);
         if self.backlog.is_finishing() {
             // `caught_up` promises the backlog is acked: only once the removals landed.

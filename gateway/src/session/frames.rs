@@ -10,7 +10,7 @@ use futures::{Sink, SinkExt, Stream};
 use herald_shared::protocol::{ClientFrame, ErrorFrame, ServerFrame};
 use tokio::time::Instant;
 
-use super::{End, Flow, Session};
+use super::{meters, End, Flow, Session};
 
 impl<S, E> Session<S>
 where
@@ -47,7 +47,7 @@ where
                 return self.protocol_error(e.reference, &e.message).await;
             }
         };
-        metrics::counter!("herald_frames_in_total", "type" => frame.kind()).increment(1);
+        meters::frame_in(frame.kind());
         match frame {
             ClientFrame::Ping(p) => {
                 let ts = p.ts.unwrap_or_else(herald_shared::ids::now_ms);
@@ -70,7 +70,7 @@ where
 
     /// Writes a text frame; false when the socket is gone or stalled.
     pub(super) async fn write(&mut self, text: Utf8Bytes) -> bool {
-        metrics::counter!("herald_frames_out_total").increment(1);
+        meters::FRAMES_OUT.increment(1);
         self.send_message(Message::Text(text)).await
     }
 
@@ -78,7 +78,7 @@ where
     /// after another go out in one write at the next [`Self::flush`] (or the next
     /// [`Self::write`]). False when the socket is gone or stalled.
     pub(super) async fn feed(&mut self, text: Utf8Bytes) -> bool {
-        metrics::counter!("herald_frames_out_total").increment(1);
+        meters::FRAMES_OUT.increment(1);
         if self.stalled {
             return false;
         }
