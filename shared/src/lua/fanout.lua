@@ -10,16 +10,24 @@
 -- their entries, so ids they acked meanwhile are not put back.
 --
 -- KEYS: per user: presence, overflow, then the pending set of each of its devices.
--- ARGV: cap, users, then per user: its number of devices n, then per device:
---       device id, count, count x (score, member).
+-- ARGV: cap, users, ids, then ids x (score, member), then per user: its number of
+--       devices n, then per device: device id, count, count x the position (from 1)
+--       of an id in the list before. A message to a group is one id for all its users,
+--       sent once.
 -- Returns: one flat array, two elements per device in the order of ARGV: its presence
 -- (or false), then 1 when its entries were written (else 0).
 --
 -- Most devices get one entry per call (a message to a group): its ZADD takes the
--- arguments as they are, without a table of them.
+-- score and member as they are, without a table of arguments.
 local cap = tonumber(ARGV[1])
 local users = tonumber(ARGV[2])
-local pos = 3
+local ids = tonumber(ARGV[3])
+local scores, members = {}, {}
+for i = 1, ids do
+  scores[i] = ARGV[2 + 2 * i]
+  members[i] = ARGV[3 + 2 * i]
+end
+local pos = 4 + 2 * ids
 local k = 0
 local out = {}
 local o = 0
@@ -36,20 +44,22 @@ for u = 1, users do
     local key = KEYS[k]
     local written = 1
     if count == 1 then
-      local added = redis.pcall('ZADD', key, ARGV[pos], ARGV[pos + 1])
+      local at = tonumber(ARGV[pos])
+      local added = redis.pcall('ZADD', key, scores[at], members[at])
       if type(added) == 'table' and added.err then
         written = 0
       end
-      pos = pos + 2
+      pos = pos + 1
     else
       local j = 0
       while j < count do
         local args = {}
         local chunk = math.min(count - j, 500)
         for c = 1, chunk do
-          args[#args + 1] = ARGV[pos]
-          args[#args + 1] = ARGV[pos + 1]
-          pos = pos + 2
+          local at = tonumber(ARGV[pos])
+          args[#args + 1] = scores[at]
+          args[#args + 1] = members[at]
+          pos = pos + 1
         end
         local added = redis.pcall('ZADD', key, unpack(args))
         if type(added) == 'table' and added.err then

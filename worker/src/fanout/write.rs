@@ -65,22 +65,38 @@ impl Fanout {
         let calls = calls(&self.keys, &plans, client.is_clustered());
         for call in &calls {
             let mut keys: Vec<Value> = Vec::new();
-            let mut args: Vec<Value> = vec![self.pending_cap.to_string().into(), call.len().to_string().into()];
+            // Each id of the call once (score, member), and each device's entries as
+            // positions in that list: a message to a group is one id for all its users.
+            let mut ids_of_call: Vec<MsgId> = Vec::new();
+            let mut position: HashMap<MsgId, i64> = HashMap::new();
+            let mut per_user: Vec<Value> = Vec::new();
             for &i in call {
                 let ((tenant, user), plan) = plans[i];
                 keys.push(self.keys.presence(tenant, user).into());
                 keys.push(self.keys.overflow(tenant, user).into());
-                args.push(plan.len().to_string().into());
+                per_user.push((plan.len() as i64).into());
                 for (device, ids) in plan {
                     keys.push(self.keys.pending(tenant, user, device).into());
-                    args.push(device.as_str().into());
-                    args.push(ids.len().to_string().into());
+                    per_user.push(device.as_str().into());
+                    per_user.push((ids.len() as i64).into());
                     for id in ids {
-                        args.push(id.score().into());
-                        args.push(id.member().into());
+                        let at = *position.entry(*id).or_insert_with(|| {
+                            ids_of_call.push(*id);
+                            ids_of_call.len() as i64
+                        });
+                        per_user.push(at.into());
                     }
                 }
             }
+            let mut args: Vec<Value> = Vec::with_capacity(3 + 2 * ids_of_call.len() + per_user.len());
+            args.push((self.pending_cap as i64).into());
+            args.push((call.len() as i64).into());
+            args.push((ids_of_call.len() as i64).into());
+            for id in &ids_of_call {
+                args.push(id.score().into());
+                args.push(id.member().into());
+            }
+            args.extend(per_user);
             // EVALSHA through `custom`: the slot is the first key's (offset 2: sha,
             // numkeys, key...).
             let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
