@@ -31,7 +31,7 @@ LAYERS = {
         [""],
     ],
     "gateway": [
-        ["tls", "mailbox", "budget", "watchers"],
+        ["tls", "mailbox", "budget", "watchers", "meters"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status", "starts"],
         ["ingress_writer", "send_span"],
         ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "typing", "roster", "identity"],

@@ -37,6 +37,7 @@ pub mod limits;
 pub mod listener;
 pub mod liveness;
 pub mod mailbox;
+pub mod meters;
 pub mod notices;
 pub mod recovery;
 pub mod roster;

@@ -126,7 +126,7 @@ impl SessionRegistry {
             return;
         };
         if e.mailbox.push(push) {
-            crate::session::meters::PUSHES_QUEUED.increment(1);
+            crate::meters::PUSHES_QUEUED.increment(1);
         } else {
             metrics::counter!("herald_pushes_total", "outcome" => "dropped_slow_consumer").increment(1);
         }

@@ -14,7 +14,6 @@ use herald_shared::scripts;
 use tokio::time::Instant;
 
 use super::backlog::PageRequest;
-use super::meters;
 use super::{End, Flow, Session, SessionError};
 
 /// Realtime pushes written out together at most.
@@ -35,6 +34,7 @@ pub enum AcksNotRecorded {
 }
 use crate::acks::QueueFull;
 use crate::mailbox::Mailbox;
+use crate::meters;
 use crate::recovery::Band;
 use crate::sessions::Push;
 

@@ -10,7 +10,8 @@ use futures::{Sink, SinkExt, Stream};
 use herald_shared::protocol::{ClientFrame, ErrorFrame, ServerFrame};
 use tokio::time::Instant;
 
-use super::{meters, End, Flow, Session};
+use super::{End, Flow, Session};
+use crate::meters;
 
 impl<S, E> Session<S>
 where

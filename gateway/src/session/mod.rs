@@ -29,7 +29,6 @@ mod delivery;
 mod ephemeral;
 mod frames;
 mod inflight;
-pub mod meters;
 pub mod presence;
 mod reads;
 mod requests;
