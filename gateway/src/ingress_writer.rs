@@ -1,8 +1,8 @@
 //! The node's ingress writer: every send, read receipt and timeline change of this
 //! gateway, HTTP and WebSocket alike, reaches the ingress streams through it. It writes
-//! what arrived while its previous write was under way, in one pipeline, with each
-//! shard's consecutive sends packed into one stream entry (`k=sends`,
-//! `herald_shared::protocol::pack`). There is no linger: a lone request goes at once,
+//! what arrived while its previous write was under way, in one batch of XADDs (one
+//! socket write, `herald_shared::redis::Batch`), with each shard's consecutive sends
+//! packed into one stream entry (`k=sends`, `herald_shared::protocol::pack`). There is no linger: a lone request goes at once,
 //! and under load a send costs a row in a pack instead of a stream entry and a Redis
 //! round trip of its own.
 //!
@@ -10,9 +10,10 @@
 //! `Keys::packing_workers`, checked every [`CHECK_EVERY`]): during a rolling upgrade or
 //! a rollback next to a worker older than packs, every send goes as an entry of its own.
 //!
-//! Order: one writer and one write at a time, and the entries of a pipeline are added in
-//! order, so requests keep their arrival order within a shard (a session's sends and
-//! its reads and timeline changes after them). A write that fails answers its requests
+//! Order: one writer and one write at a time, and the entries of a batch are sent in
+//! order on the client's one connection to their Redis, so requests keep their arrival
+//! order within a shard (a session's sends and its reads and timeline changes after
+//! them). A write that fails answers its requests
 //! `unavailable` at once, as a failed XADD of their own did; the client resends with the
 //! same `cmid`.
 

@@ -7,6 +7,17 @@ use herald_shared::protocol::{NodeEnvelope, TimelineEvent};
 use super::calls::{calls, CALL_ENTRIES};
 use super::*;
 
+/// The test Redis (`IT_REDIS_URL`, default the local one), keys under a prefix of
+/// their own, and a fan-out writing there (its MySQL pool is never used).
+async fn setup() -> (Pool, Keys, Fanout) {
+    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
+    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000);
+    (redis, keys, fanout)
+}
+
 fn message(id: u64, seq: u64) -> Committed {
     Committed {
         id: MsgId(id),
@@ -41,11 +52,7 @@ fn member(user: &str, device: &str) -> Recipient {
 /// outbox events are remembered as finished.
 #[tokio::test]
 async fn commits_fanned_out_together_keep_their_own_recipients() {
-    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
-    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
-    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
-    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000);
+    let (redis, keys, fanout) = setup().await;
     // carol's phone is online on node gw-x.
     let _: i64 = redis
         .next()
@@ -83,12 +90,9 @@ async fn commits_fanned_out_together_keep_their_own_recipients() {
 /// push, and a recall drops the stored frame of the message it recalls.
 #[tokio::test]
 async fn an_event_reaches_its_actors_device_and_a_recall_drops_its_targets_frame() {
-    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
-    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
-    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
+    let (redis, keys, fanout) = setup().await;
     let (push, mut pushed) = tokio::sync::mpsc::channel(8);
-    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000).with_push(push);
+    let fanout = fanout.with_push(push);
     let target = message(2_001, 1);
     fanout.deliver_to(&[(std::slice::from_ref(&target), &[member("bob", "b1")])], &[81]).await.unwrap();
     let frame = |id: u64| {
@@ -121,11 +125,7 @@ async fn an_event_reaches_its_actors_device_and_a_recall_drops_its_targets_frame
 /// remembered as finished, and a redo that skips them writes only the failed device's.
 #[tokio::test]
 async fn a_fan_out_failing_for_one_device_names_the_devices_done() {
-    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
-    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
-    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
-    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000);
+    let (redis, keys, fanout) = setup().await;
     let _: () = redis.next().set(keys.pending("t", "bob", "b1"), "not a set", None, None, false).await.unwrap();
     let msg = [message(3_001, 1)];
     let members = [member("alice", "a1"), member("bob", "b1"), member("carol", "p1")];
@@ -184,11 +184,7 @@ fn users_go_in_calls_by_slot_and_size() {
 /// sends them (100 messages took over 100 writes that way).
 #[tokio::test]
 async fn a_fan_out_runs_commands_leave_in_a_few_socket_writes() {
-    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
-    let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
-    let db = herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool");
-    let fanout = Fanout::new(db, redis.clone(), keys.clone(), 60, 10_000, 60_000);
+    let (redis, keys, fanout) = setup().await;
     // Loaded first, so that the run below sends no SCRIPT LOAD of its own.
     scripts::FANOUT.script().load(redis.next()).await.unwrap();
     let _: i64 = redis
