@@ -16,8 +16,7 @@ const COMMANDS: &[Command] = &[Command { usage: "run", about: "Serve clients (th
 
 const ABOUT: &str = "serves clients over HTTP and WebSocket: sends, sessions, backlog and pushes.";
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if help_requested(&argv) {
         print!("{}", usage("herald-gateway", Role::Gateway, ABOUT, COMMANDS));
@@ -45,18 +44,29 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
-    for var in &cli.ignored_env {
-        tracing::debug!(variable = %var, "an orchestrator's environment variable, not a configuration key; ignored");
-    }
-    for old in &cli.deprecated {
-        tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
-    }
-    match herald_gateway::run(cfg, herald_shared::telemetry::shutdown_signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
+    let runtime = match herald_shared::runtime::build(cfg.runtime_threads) {
+        Ok(rt) => rt,
         Err(e) => {
-            eprintln!("herald-gateway: {e}");
-            ExitCode::FAILURE
+            eprintln!("herald-gateway: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
         }
-    }
+    };
+    runtime.block_on(async move {
+        herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
+        let threads = tokio::runtime::Handle::current().metrics().num_workers();
+        tracing::info!(threads, "async runtime started (runtime_threads)");
+        for var in &cli.ignored_env {
+            tracing::debug!(variable = %var, "an orchestrator's environment variable, not a configuration key; ignored");
+        }
+        for old in &cli.deprecated {
+            tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
+        }
+        match herald_gateway::run(cfg, herald_shared::telemetry::shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("herald-gateway: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }

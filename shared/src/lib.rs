@@ -42,6 +42,7 @@ pub mod process;
 pub mod process_metrics;
 pub mod protocol;
 pub mod redis;
+pub mod runtime;
 pub mod scripts;
 pub mod service_token;
 pub mod telemetry;

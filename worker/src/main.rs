@@ -24,8 +24,7 @@ const COMMANDS: &[Command] = &[
     CHECK_CONFIG,
 ];
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if help_requested(&argv) {
         print!("{}", usage("herald-worker", Role::Worker, ABOUT, COMMANDS));
@@ -46,31 +45,42 @@ async fn main() -> ExitCode {
         print!("{}", check_config_report("herald-worker", Role::Worker, &cli));
         return ExitCode::SUCCESS;
     }
-    herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
-    for var in &cli.ignored_env {
-        tracing::debug!(variable = %var, "an orchestrator's environment variable, not a configuration key; ignored");
-    }
-    for old in &cli.deprecated {
-        tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
-    }
-    let result = match cli.args.first().map(String::as_str) {
-        None | Some("run") => herald_worker::run(cfg, herald_shared::telemetry::shutdown_signal()).await,
-        Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),
-        Some("rebuild-projections") => {
-            let dry_run = cli.args.iter().any(|a| a == "--dry-run");
-            herald_worker::rebuild_projections(&cfg, dry_run).await.map(|_| ())
-        }
-        Some(other) => {
-            eprintln!("unknown command {other:?}; expected `run`, `migrate`, `rebuild-projections [--dry-run]` or `check-config` (see herald-worker --help)");
-            return ExitCode::from(2);
+    let runtime = match herald_shared::runtime::build(cfg.runtime_threads) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("herald-worker: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
         }
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "worker failed");
-            eprintln!("herald-worker: {e}");
-            ExitCode::FAILURE
+    runtime.block_on(async move {
+        herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
+        let threads = tokio::runtime::Handle::current().metrics().num_workers();
+        tracing::info!(threads, "async runtime started (runtime_threads)");
+        for var in &cli.ignored_env {
+            tracing::debug!(variable = %var, "an orchestrator's environment variable, not a configuration key; ignored");
         }
-    }
+        for old in &cli.deprecated {
+            tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
+        }
+        let result = match cli.args.first().map(String::as_str) {
+            None | Some("run") => herald_worker::run(cfg, herald_shared::telemetry::shutdown_signal()).await,
+            Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),
+            Some("rebuild-projections") => {
+                let dry_run = cli.args.iter().any(|a| a == "--dry-run");
+                herald_worker::rebuild_projections(&cfg, dry_run).await.map(|_| ())
+            }
+            Some(other) => {
+                eprintln!("unknown command {other:?}; expected `run`, `migrate`, `rebuild-projections [--dry-run]` or `check-config` (see herald-worker --help)");
+                return ExitCode::from(2);
+            }
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %e, "worker failed");
+                eprintln!("herald-worker: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }

@@ -95,6 +95,8 @@ pub struct Config {
     pub redis_url: String,
     /// Longest a MySQL statement may run before the server aborts it.
     pub mysql_statement_timeout_ms: u64,
+    /// Worker threads of the process's async runtime; 0, one per CPU it may use.
+    pub runtime_threads: usize,
     /// Prefix of every Redis key and channel; lets clusters (and tests) share a Redis.
     pub redis_key_prefix: String,
     /// HS256 key of device tokens for every tenant (the shared-key deployment).
@@ -144,6 +146,12 @@ const ROOT_KEYS: &[Key] = &[
         "30000",
         BOTH,
         "Longest a MySQL statement may run before the server aborts it (a stuck query frees its connection).",
+    ),
+    Key::new(
+        "runtime_threads",
+        "0",
+        BOTH,
+        "Worker threads of the process's async runtime; 0, one per CPU the process may use. Fewer threads than CPUs cost fewer context switches per message; the process then uses at most that many cores (docs/capacity.md).",
     ),
     Key::new("redis_key_prefix", "hd", BOTH, "Prefix of every Redis key and channel; lets clusters share a Redis."),
     Key::new(
@@ -195,6 +203,7 @@ impl Config {
             mysql_url: root_default("mysql_url"),
             redis_url: root_default("redis_url"),
             mysql_statement_timeout_ms: root_default("mysql_statement_timeout_ms"),
+            runtime_threads: root_default("runtime_threads"),
             redis_key_prefix: root_default("redis_key_prefix"),
             jwt_secret: root_default("jwt_secret"),
             service_secret: root_default("service_secret"),
@@ -241,6 +250,7 @@ impl Config {
             "mysql_url" => self.mysql_url = parse(v)?,
             "redis_url" => self.redis_url = parse(v)?,
             "mysql_statement_timeout_ms" => self.mysql_statement_timeout_ms = parse(v)?,
+            "runtime_threads" => self.runtime_threads = parse(v)?,
             "redis_key_prefix" => self.redis_key_prefix = parse(v)?,
             "jwt_secret" => self.jwt_secret = parse(v)?,
             "service_secret" => self.service_secret = parse(v)?,
@@ -283,6 +293,9 @@ impl Config {
         }
         if !(100..=3_600_000).contains(&self.mysql_statement_timeout_ms) {
             bad.push("mysql_statement_timeout_ms", "must be 100..=3600000");
+        }
+        if self.runtime_threads > 1_024 {
+            bad.push("runtime_threads", "must be 0..=1024 (0: one per CPU)");
         }
         if self.redis_key_prefix.is_empty() || self.redis_key_prefix.contains(['{', '}', ' ']) {
             bad.push("redis_key_prefix", "must be non-empty without braces or spaces");
