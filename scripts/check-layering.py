@@ -15,7 +15,7 @@ import sys
 LAYERS = {
     "shared": [
         ["metric_catalog", "dependencies"],
-        ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
+        ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics", "runtime"],
         ["redis", "db", "auth", "mysql_server", "migration_rules", "clock"],
         ["identity"],
         ["keys", "config", "service_token"],
