@@ -192,7 +192,11 @@ for s in $SCENARIOS; do
     steady) extra_for steady; lt steady $STEADY "${extra[@]}" ;;
     fanout) extra_for fanout; lt fanout $FANOUT "${extra[@]}" ;;
     storm) lt storm $STORM ;;
-    idle) lt idle $IDLE --gateway-pid "$(node_pid gw-1)" ;;
+    idle)
+      # gw-1 drained and started again first: a gateway that served the scenarios
+      # before holds their freed memory, and the sessions' RSS would fill it unseen
+      kill_node gw-1 TERM && start_node gw-1 && wait_ready gw-1
+      lt idle $IDLE --gateway-pid "$(node_pid gw-1)" ;;
     chaos)
       # gateway gw-2 and worker wk-1 killed and restarted under load
       extra_for chaos
