@@ -230,7 +230,7 @@ pub struct Storm {
     /// Realtime messages per second in total.
     #[arg(long, default_value_t = 200.0)]
     pub rate: f64,
-    /// Seconds of realtime traffic measured before the storm.
+    /// Seconds of realtime traffic measured before the storm (after a second of warm-up).
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
     pub baseline: f64,
     /// true: the devices never connected before and are registered over HTTP, so their

@@ -66,6 +66,9 @@ async fn steady_fanout_storm_and_idle_deliver_everything_and_report() {
     assert_eq!(r["extra"]["drained"].as_u64(), Some(60 * 20), "the whole backlog arrives as backlog");
     assert!(r["delivery_backlog_ms"]["count"].as_u64().unwrap() >= 1200);
     assert!(r["extra"]["drain_s"].as_f64().unwrap() > 0.0);
+    let (sending, baseline) =
+        (r["extra"]["realtime_from_s"].as_f64().unwrap(), r["extra"]["realtime_baseline_from_s"].as_f64().unwrap());
+    assert!(baseline >= sending + 1.0, "the baseline leaves out the senders' first second: {sending} -> {baseline}");
     assert!(dir.join("storm-drain.svg").exists(), "the drain curve");
 
     let pid = c.gateways[0].pid().to_string();
