@@ -15,11 +15,11 @@ import sys
 LAYERS = {
     "shared": [
         ["metric_catalog", "dependencies"],
-        ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics", "runtime"],
+        ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
         ["redis", "db", "auth", "mysql_server", "migration_rules", "clock"],
         ["identity"],
         ["keys", "config", "service_token"],
-        ["otel"],
+        ["otel", "runtime"],
         ["protocol", "device_state"],
         ["ops"],
         [""],

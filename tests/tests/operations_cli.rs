@@ -108,3 +108,18 @@ fn kubernetes_service_links_are_not_refused() {
     assert!(out.status.success(), "{:?}\n{}", out.status, text(&out.stderr));
     assert!(text(&out.stdout).contains("HERALD_GATEWAY_PORT: not a configuration key"), "{}", text(&out.stdout));
 }
+
+/// `runtime_threads` out of range or not a number: refused with its key before any
+/// thread starts, not a runtime of 5 000 threads or a panic.
+#[test]
+fn a_bad_runtime_threads_stops_the_start() {
+    for name in ["herald-gateway", "herald-worker"] {
+        for (value, expected) in [("5000", "runtime_threads: must be 0..=1024"), ("many", "runtime_threads")] {
+            let out = run(name, &[], &[SECRET, ("HERALD_RUNTIME_THREADS", value), ("HERALD_LISTEN", "127.0.0.1:0")]);
+            assert_eq!(out.status.code(), Some(2), "{name} {value}: {}", text(&out.stderr));
+            let err = text(&out.stderr);
+            assert!(err.contains(expected), "{name} {value}: {expected:?} missing from:\n{err}");
+            assert!(!err.contains("panicked"), "{name} {value}: {err}");
+        }
+    }
+}

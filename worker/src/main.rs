@@ -45,23 +45,11 @@ fn main() -> ExitCode {
         print!("{}", check_config_report("herald-worker", Role::Worker, &cli));
         return ExitCode::SUCCESS;
     }
-    let runtime = match herald_shared::runtime::build(cfg.runtime_threads) {
+    let runtime = match herald_shared::runtime::start("herald-worker", &cfg, &cli) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("herald-worker: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
-        herald_shared::telemetry::init_tracing(&cfg.log, cfg.log_format);
-        let threads = tokio::runtime::Handle::current().metrics().num_workers();
-        tracing::info!(threads, "async runtime started (runtime_threads)");
-        for var in &cli.ignored_env {
-            tracing::debug!(variable = %var, "an orchestrator's environment variable, not a configuration key; ignored");
-        }
-        for old in &cli.deprecated {
-            tracing::warn!(key = %old.given, replacement = old.replacement, "deprecated configuration key; applied to its replacement");
-        }
         let result = match cli.args.first().map(String::as_str) {
             None | Some("run") => herald_worker::run(cfg, herald_shared::telemetry::shutdown_signal()).await,
             Some("migrate") => herald_worker::migrate(&cfg).await.map(|()| tracing::info!("migrations applied")),
