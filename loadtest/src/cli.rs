@@ -230,7 +230,11 @@ pub struct Storm {
     /// Realtime messages per second in total.
     #[arg(long, default_value_t = 200.0)]
     pub rate: f64,
-    /// Seconds of realtime traffic measured before the storm (after a second of warm-up).
+    /// Seconds of realtime traffic sent before the baseline is measured: the senders'
+    /// first requests open their connections and meet the cluster's cold paths.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub warm_up: f64,
+    /// Seconds of realtime traffic measured before the storm (after the warm-up).
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
     pub baseline: f64,
     /// true: the devices never connected before and are registered over HTTP, so their

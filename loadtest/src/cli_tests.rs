@@ -49,6 +49,7 @@ fn typos_missing_values_and_bad_numbers_are_refused() {
         &["chaos", "--action", "soon=x"],
         &["idle"],
         &["storm", "--fresh", "maybe"],
+        &["storm", "--warm-up", "soon"],
         &["failover", "--devices", "10"],
         &["token", "--user", "u"],
         &["report"],
@@ -63,8 +64,8 @@ fn typos_missing_values_and_bad_numbers_are_refused() {
 fn defaults_are_the_documented_ones() {
     let Command::Storm(s) = parse(&["storm"]).unwrap() else { panic!("storm") };
     assert_eq!(
-        (s.devices, s.backlog, s.group, s.realtime, s.rate, s.baseline, s.fresh),
-        (5000, 200, 50, 100, 200.0, 5.0, false)
+        (s.devices, s.backlog, s.group, s.realtime, s.rate, s.warm_up, s.baseline, s.fresh),
+        (5000, 200, 50, 100, 200.0, 1.0, 5.0, false)
     );
     assert_eq!(s.target.gateways.urls, ["http://127.0.0.1:8080"]);
     assert_eq!((s.target.tenant.as_str(), s.target.out.to_str()), ("bench", Some("loadtest-reports")));

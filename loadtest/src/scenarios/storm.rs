@@ -16,12 +16,6 @@ use crate::engine::{self, AckLog, Recorder, SendPlan, Target};
 use crate::report::ScenarioReport;
 use crate::senders;
 
-/// How long the realtime senders send before their baseline is measured: their first
-/// requests open connections and pay for the cluster's cold paths, which a storm does
-/// not (a run's first second once set a baseline p99 of 147 ms where the rest was 4 -
-/// 10 ms, and the storm's ratio to it read 1.6x).
-const WARM_UP: Duration = Duration::from_secs(1);
-
 /// `storm`: `--devices` devices (in groups of `--group`) each get `--backlog`
 /// messages while offline, then all reconnect at once while `--realtime` direct
 /// conversations keep receiving `--rate` messages per second. The devices were online
@@ -32,6 +26,11 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
     let cli::Storm { devices: n, backlog, group: size, realtime: rt_pairs, rate, fresh, .. } = *args;
     ensure!(args.baseline >= 0.0, "--baseline must be >= 0");
     let baseline = Duration::from_secs_f64(args.baseline);
+    // The senders' first requests open connections and meet the cluster's cold paths,
+    // which a storm does not: a run's first second once set a baseline p99 of 147 ms
+    // where the rest was 4 - 10 ms, and the storm's ratio to it read 1.6x.
+    ensure!(args.warm_up >= 0.0, "--warm-up must be >= 0");
+    let warm_up = Duration::from_secs_f64(args.warm_up);
     ensure!((1..=MAX_GROUP).contains(&size), "--group must be 1..={MAX_GROUP}");
     ensure!(n > 0 && backlog > 0 && rt_pairs > 0, "--devices, --backlog and --realtime must be at least 1");
     let params = json!({"devices": n, "backlog": backlog, "group": size, "realtime_conversations": rt_pairs, "realtime_rate": rate, "fresh_devices": fresh, "gateways": target.gateways.len()});
@@ -65,9 +64,8 @@ pub async fn storm(args: &cli::Storm) -> Result<ScenarioReport> {
     let plan = SendPlan { rate, payload: 100, cmid_prefix: "rt".into(), change_every: 0 };
     let senders = senders::spawn_http(&target, &rt_convs, &plan, &rec, &acked, &stop);
     let sending_from = rec.elapsed().as_secs_f64();
-    // The senders' first requests open their connections: not part of the baseline.
-    rec.note(format!("realtime warm-up for {WARM_UP:?}"));
-    tokio::time::sleep(WARM_UP).await;
+    rec.note(format!("realtime warm-up for {warm_up:?}"));
+    tokio::time::sleep(warm_up).await;
     let base_from = rec.elapsed().as_secs_f64();
     rec.note(format!("realtime baseline for {baseline:?}"));
     tokio::time::sleep(baseline).await;
