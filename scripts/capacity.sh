@@ -20,6 +20,9 @@
 #       # started for it), a third per load-test process, held 30 s, then one message into
 #       # every group (SESSIONS_ARGS for options); not in the report: its runs are in
 #       # $OUT/sessions-gw-1..3
+#   SCENARIOS=typing scripts/capacity.sh  # what typing indicators and presence cost: groups
+#       # of 50 online, 500 typing frames/s, then 20 reconnects/s (TYPING_ARGS for options);
+#       # not in the default list: its figures are in docs/benchmarks.md, not the report's targets
 #   HD_BIN=target/debug ...             # binaries already built (no release build)
 #   PROFILE=gateway scripts/capacity.sh # perf profile of gw-1 in the middle of `steady`:
 #                                       # its top frames in $OUT/profile/steady-gateway.txt
@@ -99,6 +102,7 @@ if [ "$SCALE" = quick ]; then
   FAILOVER="--devices 1000 --group 50 --rate 20 --baseline 3"
   SOAK="--conversations 100 --rate 100 --duration 300 --warmup 150"
   SESSIONS="--connections 6000 --hold 5 --connect-rate 2000"
+  TYPING="--receivers 400 --group 20 --rate 100 --duration 5 --churn 5"
 else
   STEADY="--conversations 200 --rate 5000 --duration 30"
   FANOUT="--receivers 4000 --group 200 --rate 0 --duration 30"
@@ -114,11 +118,15 @@ else
   # 50 000 sessions across the three gateways (a process may hold 20 000 open files here),
   # each third opened by its own load-test process.
   SESSIONS="--connections 50000 --hold 30 --connect-rate 3000"
+  # Groups of 50 (typing reaches groups of at most 100): 500 frames/s is 24 500
+  # indicators shown a second; then 20 reconnects/s, each two presence changes for 49
+  # followers.
+  TYPING="--receivers 2000 --group 50 --rate 500 --duration 20 --churn 20"
 fi
 # Any scenario's options can be replaced: STORM="--devices 1000 --backlog 50" scripts/capacity.sh
 STEADY=${STEADY_ARGS:-$STEADY} FANOUT=${FANOUT_ARGS:-$FANOUT} STORM=${STORM_ARGS:-$STORM}
 IDLE=${IDLE_ARGS:-$IDLE} CHAOS=${CHAOS_ARGS:-$CHAOS} SOAK=${SOAK_ARGS:-$SOAK}
-FAILOVER=${FAILOVER_ARGS:-$FAILOVER} SESSIONS=${SESSIONS_ARGS:-$SESSIONS}
+FAILOVER=${FAILOVER_ARGS:-$FAILOVER} SESSIONS=${SESSIONS_ARGS:-$SESSIONS} TYPING=${TYPING_ARGS:-$TYPING}
 gws="http://127.0.0.1:$HD_GW1_PORT,http://127.0.0.1:$HD_GW2_PORT"
 # Every scenario reads each process's CPU (its admin /metrics; Redis's INFO) before and
 # after its send window, for the CPU per message of its report.
@@ -200,6 +208,7 @@ for s in $SCENARIOS; do
     steady) extra_for steady; lt steady $STEADY "${extra[@]}" ;;
     fanout) extra_for fanout; lt fanout $FANOUT "${extra[@]}" ;;
     storm) lt storm $STORM ;;
+    typing) lt typing $TYPING ;;
     idle) fresh_node gw-1 && lt idle $IDLE --gateway-pid "$(node_pid gw-1)" ;;
     chaos)
       # gateway gw-2 and worker wk-1 killed and restarted under load
@@ -228,10 +237,12 @@ for s in $SCENARIOS; do
 done
 
 machine="$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), $(date -u +%Y-%m-%d)"
-if compgen -G "$OUT/*.json" >/dev/null; then
+# The report's scenarios (`typing` and `sessions` are not among them).
+report_jsons=$(for s in steady fanout storm idle chaos failover soak sends; do [ -f "$OUT/$s.json" ] && echo "$s"; done || true)
+if [ -n "$report_jsons" ]; then
   "$HD_BIN/herald-loadtest" report --dir "$OUT" --out "$REPORT" --machine "$machine"
   log "capacity report: $REPORT"
 else
-  log "no capacity report: no scenario of the report ran (sessions' reports are in $OUT/sessions-gw-*)"
+  log "no capacity report: no scenario of the report ran (typing's report is $OUT/typing.md, sessions' in $OUT/sessions-gw-*)"
 fi
 if [ -n "$failed" ]; then log "integrity check, bounded-state check or run FAILED in:$failed"; exit 1; fi

@@ -48,6 +48,8 @@ pub enum Command {
     Steady(Steady),
     /// Groups of --group members online, one sender per group.
     Fanout(Fanout),
+    /// Groups of --group members online that type (--rate typing frames/s), then reconnect in turn (presence).
+    Typing(Typing),
     /// Devices with a backlog reconnect at once while realtime conversations keep receiving.
     Storm(Storm),
     /// `steady` while each --action SECONDS=COMMAND runs (kill a gateway, restart it, ...).
@@ -209,6 +211,30 @@ pub struct Fanout {
     /// A shell command run SECONDS after sending starts (a profiler, say); repeat for more.
     #[arg(long, value_name = "SECONDS=COMMAND")]
     pub action: Vec<Action>,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Typing {
+    /// Devices, all online, each following the presence of its group's other members.
+    #[arg(long, default_value_t = 2000)]
+    pub receivers: usize,
+    /// Members per group (typing reaches groups of at most `gateway.typing_max_members`,
+    /// 100 by default, counting each group's sender).
+    #[arg(long, default_value_t = 50)]
+    pub group: usize,
+    /// Typing frames per second in total, from every device in turn (at most one per
+    /// device every 2 s, within the gateway's typing burst).
+    #[arg(long, default_value_t = 500.0)]
+    pub rate: f64,
+    /// Seconds of typing, then as long of presence changes.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20.0)]
+    pub duration: f64,
+    /// Devices per second that disconnect and connect again in the presence phase (each
+    /// twice a change of its user's presence for its followers).
+    #[arg(long, value_name = "N", default_value_t = 20.0)]
+    pub churn: f64,
     #[command(flatten)]
     pub target: TargetArgs,
 }

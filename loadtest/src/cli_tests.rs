@@ -166,7 +166,7 @@ fn senders_change_their_messages_only_when_asked() {
 
 #[test]
 fn every_scenario_takes_the_processes_to_measure() {
-    for scenario in ["steady", "fanout", "storm", "chaos", "idle", "soak"] {
+    for scenario in ["steady", "fanout", "storm", "chaos", "idle", "soak", "typing"] {
         let words =
             [scenario, "--admin", "gw-1=http://127.0.0.1:9190", "--admin", "http://h:1", "--redis-url", "redis://r:1"];
         let target = match parse(&words) {
@@ -176,6 +176,7 @@ fn every_scenario_takes_the_processes_to_measure() {
             Ok(Command::Chaos(a)) => a.target,
             Ok(Command::Idle(a)) => a.target,
             Ok(Command::Soak(a)) => a.target,
+            Ok(Command::Typing(a)) => a.target,
             // chaos needs an action, idle a pid: the options themselves parsed
             Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => continue,
             other => panic!("{scenario}: {other:?}"),
@@ -191,7 +192,7 @@ fn every_scenario_takes_the_processes_to_measure() {
 #[test]
 fn help_lists_every_command_and_a_command_s_options() {
     let help = Cli::command().render_long_help().to_string();
-    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "soak", "sends", "probe", "report", "token"] {
+    for cmd in ["steady", "fanout", "storm", "chaos", "idle", "soak", "typing", "sends", "probe", "report", "token"] {
         assert!(help.contains(cmd), "{cmd} missing from:\n{help}");
     }
     let mut cli = Cli::command();
@@ -223,4 +224,15 @@ fn a_ca_file_is_taken_wherever_gateways_are_and_must_exist() {
     assert!(err.contains("cannot read /nonexistent/ca.pem"), "{err}");
     let Command::Steady(s) = parse(&["steady"]).unwrap() else { panic!("steady") };
     assert!(s.target.gateways.tls().is_ok(), "the system's roots");
+}
+
+#[test]
+fn typing_takes_its_rates_with_defaults() {
+    let Command::Typing(t) = parse(&["typing"]).unwrap() else { panic!("typing") };
+    assert_eq!((t.receivers, t.group, t.rate, t.duration, t.churn), (2000, 50, 500.0, 20.0, 20.0));
+    let Command::Typing(t) = parse(&["typing", "--group", "5", "--rate", "8", "--churn", "0"]).unwrap() else {
+        panic!("typing")
+    };
+    assert_eq!((t.group, t.rate, t.churn), (5, 8.0, 0.0));
+    assert!(parse(&["typing", "--rate", "fast"]).is_err());
 }

@@ -2,7 +2,7 @@
 //! client library's devices; every scenario ends with the integrity check.
 //!
 //! - [`cli`]: the command line (clap), every command's options and defaults.
-//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `failover`, `idle`, `soak`.
+//! - [`scenarios`]: `steady`, `fanout`, `storm`, `chaos`, `failover`, `idle`, `soak`, `typing`.
 //! - [`senders`]: the scenarios' senders, over HTTP or WebSocket, on an open-loop schedule.
 //! - [`load`]: schedules, offered against achieved load, and which side was the limit.
 //! - [`pacer`]: wake-ups at due times finer than tokio's 1 ms timer.

@@ -28,6 +28,7 @@ async fn run(command: Command) -> Result<i32> {
     let (scenario, out) = match command {
         Command::Steady(a) => (scenarios::steady(&a).await?, a.target.out),
         Command::Fanout(a) => (scenarios::fanout(&a).await?, a.target.out),
+        Command::Typing(a) => (scenarios::typing(&a).await?, a.target.out),
         Command::Storm(a) => (scenarios::storm(&a).await?, a.target.out),
         Command::Chaos(a) => (scenarios::chaos(&a).await?, a.target.out),
         Command::Failover(a) => (scenarios::failover(&a).await?, a.target.out),

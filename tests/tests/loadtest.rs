@@ -196,6 +196,42 @@ async fn steady_reports_cpu_per_message_and_offered_against_achieved() {
     }
 }
 
+/// `typing`: every typing frame is shown to the group's other online members, every
+/// reconnect to the user's followers as two presence changes, and the report says what
+/// each cost the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_and_presence_are_relayed_and_their_cost_reported() {
+    let c = scenario_cluster("lt-typing", 1).await;
+    let m = measure(&c);
+    let args = ["typing", "--receivers", "20", "--group", "5", "--rate", "8", "--duration", "3", "--churn", "2"];
+    let (code, r) = run_scenario(&c, &with(&args, &m)).await;
+    let r = r.expect("typing report");
+    assert_eq!(code, 0, "typing");
+    let i = &r["integrity"];
+    assert_eq!((i["lost"].as_u64(), i["shown_twice"].as_u64()), (Some(0), Some(0)), "{i}");
+    let e = &r["extra"];
+    let (sent, shown, owed) =
+        (e["typing_sent"].as_u64().unwrap(), e["typing_shown"].as_u64().unwrap(), e["typing_owed"].as_u64().unwrap());
+    assert!(sent >= 20, "8 frames/s for 3 s: {e}");
+    assert_eq!(owed, 4 * sent, "each frame is owed to the group's 4 other members");
+    assert!(shown * 100 >= owed * 95 && shown <= owed, "typing shown {shown} of {owed}");
+    assert_eq!(e["presence_followed"], 20 * 4, "every device follows its group's 4 other members");
+    let at_start = e["presence_shown_at_start"].as_u64().unwrap();
+    assert!(at_start >= 20 * 4, "each follower told each followed user's presence: {at_start}");
+    let reconnects = e["presence_reconnects"].as_u64().unwrap();
+    assert!(reconnects >= 4, "2 reconnects/s for 3 s: {e}");
+    // Each reconnect: offline and online to its 4 followers, and its own 4 followed users again.
+    let presence = e["presence_shown"].as_u64().unwrap();
+    assert!(presence >= reconnects * 4 * 2, "presence frames {presence} for {reconnects} reconnects");
+    for phase in ["typing_server_us_per_frame", "typing_server_us_per_shown", "presence_server_us_per_reconnect"] {
+        for total in ["gateways", "server"] {
+            assert!(e[phase][total].as_f64().is_some_and(|v| v > 0.0), "{phase}.{total}: {e}");
+        }
+    }
+    let md = std::fs::read_to_string(scenario_out(&c).join("typing.md")).unwrap();
+    assert!(md.contains("typing_shown"), "{md}");
+}
+
 /// Senders over their own WebSocket sessions (`send` answered by `sent`), a few sends in
 /// flight each: everything is delivered once and in order, measured as over HTTP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,10 @@ pub struct Recorder {
     pub caught_up: AtomicU64,
     /// `history` answers to the devices' `sync` (gaps being filled).
     pub histories: AtomicU64,
+    /// `typing` frames shown (another member typing).
+    pub typing: AtomicU64,
+    /// `presence` frames shown (a followed user's presence, at subscription or a change).
+    pub presence: AtomicU64,
     pub online: AtomicI64,
     shards: Box<[Mutex<Shard>]>,
     series: Mutex<Vec<Tick>>,
@@ -49,6 +53,8 @@ impl Recorder {
             backlog_delivered: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
             histories: AtomicU64::new(0),
+            typing: AtomicU64::new(0),
+            presence: AtomicU64::new(0),
             online: AtomicI64::new(0),
             shards: (0..shards).map(|_| Shard::new()).collect(),
             series: Mutex::new(Vec::new()),
@@ -261,9 +267,13 @@ impl Observer for Recorder {
     }
 
     fn frame(&self, frame: &ServerFrame) {
-        if matches!(frame, ServerFrame::History(_)) {
-            self.histories.fetch_add(1, Ordering::Relaxed);
-        }
+        let counter = match frame {
+            ServerFrame::History(_) => &self.histories,
+            ServerFrame::Typing(_) => &self.typing,
+            ServerFrame::Presence(_) => &self.presence,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 

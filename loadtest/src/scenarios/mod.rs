@@ -1,8 +1,9 @@
 //! The scenarios: `steady` (direct conversations at a target rate), `fanout` (groups),
 //! `storm` (a reconnect storm with backlog while realtime continues), `chaos` (steady
 //! load while given commands kill and restart processes), `failover` (the devices of a
-//! killed gateway move to the others), `idle` (memory per idle connection) and `soak`
-//! (steady load with device churn while kept state is sampled).
+//! killed gateway move to the others), `idle` (memory per idle connection), `soak`
+//! (steady load with device churn while kept state is sampled) and `typing` (what
+//! typing indicators and presence cost).
 //! Each ends with the integrity check and returns a [`ScenarioReport`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,12 +24,14 @@ use crate::report::ScenarioReport;
 use crate::senders::{self, SenderOptions};
 
 mod churn;
+mod ephemeral;
 mod failover;
 mod idle;
 mod reconnects;
 mod soak;
 mod storm;
 
+pub use ephemeral::typing;
 pub use failover::failover;
 pub use idle::idle;
 pub use soak::soak;
