@@ -17,9 +17,12 @@ use sqlx::mysql::MySqlPool;
 
 use crate::error::{ApiError, ApiResult};
 
-/// How long a conversation's members are reused: a member removed within it may still
-/// be shown typing that long. Typing comes in bursts of a few frames per conversation,
-/// so this spares MySQL all but the first of them.
+/// How long a conversation's members, and where their devices are connected, are
+/// reused: a member removed within it may still be shown typing that long, and a device
+/// that connected within it may miss indicators that long. Typing comes in bursts of a
+/// few frames per conversation, so this spares MySQL and Redis all but the first of them
+/// (a presence read per member per frame cost Redis 9 us per indicator shown, about a
+/// fifth of the server's CPU per indicator: docs/benchmarks.md, change 18).
 const MEMBERS_FRESH: Duration = Duration::from_secs(2);
 /// Conversations whose members are kept at most; past it the stale ones are dropped
 /// (and all of them if none is stale), so the copy never grows without bound.
@@ -37,8 +40,13 @@ pub enum Relayed {
 #[derive(Debug)]
 struct Members {
     users: Arc<Vec<String>>,
+    /// Where the members' devices are connected, once a frame needed it.
+    routes: Option<Arc<Routes>>,
     read_at: Instant,
 }
+
+/// Each online device of the members, with the node its session is on.
+type Routes = Vec<(String, DeviceKey)>;
 
 /// Relays typing frames of this node's sessions.
 #[derive(Debug)]
@@ -69,32 +77,54 @@ impl TypingRelay {
         if members.len() > self.max_members {
             return Ok(Relayed::TooManyMembers);
         }
-        let others: Vec<&String> = members.iter().filter(|m| *m != user).collect();
-        if others.is_empty() {
+        if members.len() < 2 {
             return Ok(Relayed::To(0));
         }
-        // Where the other members' devices are connected: one read of each presence.
-        let pipe = self.redis.next().pipeline();
-        for m in &others {
-            let _: () = pipe.hgetall(self.keys.presence(tenant, m)).await?;
-        }
-        let presences: Vec<HashMap<String, String>> = pipe.all().await?;
+        let routes = self.routes(tenant, conv, &members).await?;
         let frame = TypingShown { conv: conv.to_owned(), user: user.to_owned(), state, expires_in_ms: self.expiry_ms };
-        let mut by_node: BTreeMap<String, Vec<DeviceKey>> = BTreeMap::new();
-        for (member, presence) in others.into_iter().zip(presences) {
-            for (device, value) in presence {
-                let Some(PresenceValue { node, .. }) = PresenceValue::parse(&value) else { continue };
-                by_node.entry(node).or_default().push(DeviceKey::new(tenant, member.as_str(), device));
-            }
+        let mut by_node: BTreeMap<&str, Vec<DeviceKey>> = BTreeMap::new();
+        for (node, to) in routes.iter().filter(|(_, to)| to.user != user) {
+            by_node.entry(node.as_str()).or_default().push(to.clone());
         }
         let mut devices = 0;
         for (node, to) in by_node {
             devices += to.len();
             let env = NodeEnvelope { typing: vec![TypingPush { frame: frame.clone(), to }], ..Default::default() };
             let payload = serde_json::to_string(&env).expect("envelope serializes");
-            herald_shared::redis::publish_to_node(self.redis.next(), self.keys.node_channel(&node), payload).await?;
+            herald_shared::redis::publish_to_node(self.redis.next(), self.keys.node_channel(node), payload).await?;
         }
         Ok(Relayed::To(devices))
+    }
+
+    /// Where the members' devices are connected, from the copy while it is fresh: one
+    /// read of each member's presence when it is not.
+    async fn routes(&self, tenant: &str, conv: &str, members: &Arc<Vec<String>>) -> ApiResult<Arc<Routes>> {
+        let key = (tenant.to_owned(), conv.to_owned());
+        if let Some(m) = self.members.lock().expect("members").get(&key) {
+            if let Some(routes) = m.routes.as_ref().filter(|_| Arc::ptr_eq(&m.users, members)) {
+                return Ok(routes.clone());
+            }
+        }
+        let pipe = self.redis.next().pipeline();
+        for m in members.iter() {
+            let _: () = pipe.hgetall(self.keys.presence(tenant, m)).await?;
+        }
+        let presences: Vec<HashMap<String, String>> = pipe.all().await?;
+        let mut routes = Routes::new();
+        for (member, presence) in members.iter().zip(presences) {
+            for (device, value) in presence {
+                let Some(PresenceValue { node, .. }) = PresenceValue::parse(&value) else { continue };
+                routes.push((node, DeviceKey::new(tenant, member.as_str(), device)));
+            }
+        }
+        let routes = Arc::new(routes);
+        // Kept with the members they were read for (not with a newer copy of them).
+        if let Some(m) = self.members.lock().expect("members").get_mut(&key) {
+            if Arc::ptr_eq(&m.users, members) {
+                m.routes = Some(routes.clone());
+            }
+        }
+        Ok(routes)
     }
 
     /// The conversation's current members, from the copy when it is fresh.
@@ -122,7 +152,7 @@ impl TypingRelay {
                 kept.clear();
             }
         }
-        kept.insert(key, Members { users: users.clone(), read_at: Instant::now() });
+        kept.insert(key, Members { users: users.clone(), routes: None, read_at: Instant::now() });
         Ok(users)
     }
 }

@@ -137,6 +137,31 @@ async fn typing_reaches_the_other_members_online_devices_only_and_is_never_store
     }
 }
 
+/// Where the members' devices are connected is kept with the copy of the members, at
+/// most 2 s: a device that connects after it was read is shown the frames that come
+/// once the copy is older than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_connects_is_shown_typing_once_the_copy_is_2_s_old() {
+    let c = cluster("tp-routes", &[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("g"), "group", &["alice", "bob"]).await.unwrap();
+    let a1 = device(&c, 0, "alice", "a1", true).await;
+    let b1 = device(&c, 1, "bob", "b1", true).await;
+    typing_frame(&a1, "g", "started", "ty1").await;
+    shown_typing(&b1, 1).await;
+
+    // Bob's second device, on the typist's own gateway, after the routes were read.
+    let b2 = device(&c, 0, "bob", "b2", true).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    typing_frame(&a1, "g", "stopped", "ty2").await;
+    assert_eq!(shown_typing(&b2, 1).await[0].state, TypingState::Stopped);
+    assert_eq!(shown_typing(&b1, 2).await[1].state, TypingState::Stopped);
+    assert!(typing(&a1).is_empty(), "not the typist's own device: {:?}", typing(&a1));
+    for d in [a1, b1, b2] {
+        d.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typing_over_the_limit_is_dropped_and_a_non_member_is_refused() {
     let limits = [("HERALD_GATEWAY__TYPING_BURST", "2"), ("HERALD_GATEWAY__TYPING_WINDOW_MS", "60000")];
