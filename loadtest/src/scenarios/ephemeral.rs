@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 use super::{groups, report, Finished, MAX_GROUP};
 use crate::cli;
-use crate::cpu::{self, CpuMeter, CpuReport};
+use crate::cpu::{self, CpuMeter, CpuReport, CpuRow};
 use crate::engine::{self, AckLog, Recorder, Target};
 use crate::report::ScenarioReport;
 
@@ -207,21 +207,60 @@ async fn wait_for(counter: &std::sync::atomic::AtomicU64, want: u64, limit: Dura
     counter.load(Ordering::Relaxed)
 }
 
-/// Server CPU microseconds per counted item (`per_shown`: per frame shown), by process
-/// group, as the report's extra.
-fn row(c: &CpuReport, per_shown: bool) -> Value {
-    let mut v = serde_json::Map::new();
-    for r in &c.totals {
-        let per = if per_shown { r.us_per_delivery } else { r.us_per_message };
-        if let Some(per) = per {
-            v.insert(r.name.clone(), json!((per * 10.0).round() / 10.0));
-        }
+/// A total's CPU microseconds per counted item: per frame shown with `per_shown`, else
+/// per frame sent (typing) or reconnect (presence).
+fn per(r: &CpuRow, per_shown: bool) -> Option<f64> {
+    if per_shown {
+        r.us_per_delivery
+    } else {
+        r.us_per_message
     }
-    Value::Object(v)
 }
 
+/// Every total's CPU per counted item, by process group, as the report's extra.
+fn row(c: &CpuReport, per_shown: bool) -> Value {
+    let totals =
+        c.totals.iter().filter_map(|r| Some((r.name.clone(), json!((per(r, per_shown)? * 10.0).round() / 10.0))));
+    Value::Object(totals.collect())
+}
+
+/// One total's CPU per counted item, for the progress notes.
 fn us(c: &CpuReport, name: &str, per_shown: bool) -> String {
-    let r = c.total(name);
-    let per = r.and_then(|r| if per_shown { r.us_per_delivery } else { r.us_per_message });
-    per.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+    c.total(name).and_then(|r| per(r, per_shown)).map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// The scenario's options, as the command line gives them.
+    fn args(more: &[&str]) -> cli::Typing {
+        let words = ["herald-loadtest", "typing", "--secret", "s", "--gateways", "http://127.0.0.1:9"];
+        match cli::Cli::try_parse_from(words.iter().chain(more)).expect("parses").command {
+            cli::Command::Typing(t) => t,
+            other => panic!("typing, not {other:?}"),
+        }
+    }
+
+    /// Options the gateway would refuse or that measure nothing stop the run before
+    /// it connects to anything, with the option named.
+    #[tokio::test]
+    async fn bad_options_are_refused_before_any_connection() {
+        for (more, says) in [
+            (
+                &["--rate", "100", "--receivers", "20", "--group", "5"][..],
+                "--rate 100 is more than one typing frame per device every 2 s",
+            ),
+            (&["--group", "1"][..], "--group must be 2..="),
+            (&["--receivers", "10", "--group", "20"][..], "--receivers must be at least --group"),
+            (&["--rate", "0"][..], "--rate must be > 0"),
+            (&["--duration", "0"][..], "--duration must be > 0"),
+            (&["--receivers", "20", "--group", "5", "--rate", "5", "--churn", "30"][..], "--churn must be"),
+        ] {
+            let e = typing(&args(more)).await.err().unwrap_or_else(|| panic!("{more:?} is refused"));
+            assert!(e.to_string().contains(says), "{more:?}: {e}");
+        }
+    }
 }
