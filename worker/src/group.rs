@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_shared::protocol::{IngressEntry, NodeEnvelope, SendNotice, SendOutcome};
+use herald_shared::protocol::{IngressEntry, NoticesOut, OutcomeOut, SendNoticeOut};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -155,7 +155,7 @@ impl GroupCommitter {
     async fn commit(&self, group: Vec<CommitRequest>, cancel: &CancellationToken) {
         let s = &self.shared;
         let started = spans::begin(&s.tracer);
-        let (group, gone): (Vec<_>, Vec<_>) = group.into_iter().partition(CommitRequest::keep_going);
+        let (mut group, gone): (Vec<_>, Vec<_>) = group.into_iter().partition(CommitRequest::keep_going);
         for r in gone {
             let _ = r.done.send(false);
         }
@@ -165,9 +165,19 @@ impl GroupCommitter {
         let mut committed: Vec<BatchResult> = Vec::new();
         // Together first; on any failure, each on its own.
         let together = if group.len() > 1 {
-            let entries: Vec<IngressEntry> = group.iter().flat_map(|r| r.entries.iter().cloned()).collect();
+            // The batches' entries moved into one list and back, not copied.
+            let lens: Vec<usize> = group.iter().map(|r| r.entries.len()).collect();
+            let mut entries: Vec<IngressEntry> = Vec::with_capacity(lens.iter().sum());
+            for r in &mut group {
+                entries.append(&mut r.entries);
+            }
             let fences: Vec<Fence> = group.iter().map(|r| r.fence).collect();
-            match s.commit.commit(&entries, &s.ids, &fences).await {
+            let result = s.commit.commit(&entries, &s.ids, &fences).await;
+            let mut entries = entries.into_iter();
+            for (r, n) in group.iter_mut().zip(lens) {
+                r.entries = entries.by_ref().take(n).collect();
+            }
+            match result {
                 Ok(r) => Some(r),
                 Err(e) => {
                     tracing::debug!(error = %e, batches = group.len(), "group commit failed; committing each batch alone");
@@ -237,23 +247,24 @@ impl GroupCommitter {
     /// Answers the waiting gateways, one message per node.
     async fn answer(&self, results: &[(Vec<IngressEntry>, Vec<Outcome>)]) {
         let s = &self.shared;
-        let mut by_node: BTreeMap<&str, NodeEnvelope> = BTreeMap::new();
+        // Borrowed from the batch: nothing is copied but into the payloads.
+        let mut by_node: BTreeMap<&str, NoticesOut> = BTreeMap::new();
         for (e, outcome) in results.iter().flat_map(|(entries, o)| entries.iter().zip(o)) {
             let outcome = match outcome {
                 Outcome::Done(r) => {
                     if r.dup {
                         metrics::counter!("herald_messages_duplicate_total").increment(1);
                     }
-                    SendOutcome::Ok(r.clone())
+                    OutcomeOut::Ok(r)
                 }
                 Outcome::Rejected(code, message) => {
                     metrics::counter!("herald_send_rejected_total", "code" => code.as_str()).increment(1);
-                    SendOutcome::Err { code: *code, message: message.clone() }
+                    OutcomeOut::Err { code: *code, message }
                 }
             };
-            by_node.entry(e.node.as_str()).or_default().sent.push(SendNotice {
+            by_node.entry(e.node.as_str()).or_default().sent.push(SendNoticeOut {
                 rid: e.rid,
-                echo: Some(e.echo()),
+                echo: e.echo_out(),
                 outcome,
             });
         }

@@ -5,14 +5,15 @@ use std::collections::BTreeMap;
 
 use fred::prelude::*;
 use herald_shared::keys::Keys;
-use herald_shared::protocol::NodeEnvelope;
 use herald_shared::redis::Batch;
+use serde::Serialize;
 
-/// Publishes envelopes to their nodes' channels, together ([`Batch`]).
-pub async fn publish<N: AsRef<str>>(
+/// Publishes envelopes to their nodes' channels, together ([`Batch`]): a
+/// `NodeEnvelope`, or a borrowed form that serializes as one (`NoticesOut`).
+pub async fn publish<N: AsRef<str>, E: Serialize>(
     redis: &Pool,
     keys: &Keys,
-    by_node: &BTreeMap<N, NodeEnvelope>,
+    by_node: &BTreeMap<N, E>,
 ) -> Result<(), Error> {
     if by_node.is_empty() {
         return Ok(());

@@ -35,8 +35,9 @@ pub use client::{
 pub use close::CloseCode;
 pub use ephemeral::{PresenceState, TypingShown, TypingState};
 pub use node::{
-    read_field, DeliveredEntry, Delivery, Echo, IngressEntry, IngressRequest, Kick, NodeEnvelope, PresenceChange,
-    ReadEntry, ReadPush, Revocation, SendNotice, SendOutcome, StatusPush, TypingPush,
+    read_field, DeliveredEntry, DeliveriesOut, Delivery, DeliveryOut, Echo, EchoOut, IngressEntry, IngressRequest,
+    Kick, NodeEnvelope, NoticesOut, OutcomeOut, PresenceChange, ReadEntry, ReadPush, Revocation, SendNotice,
+    SendNoticeOut, SendOutcome, StatusPush, TypingPush,
 };
 pub use server::{
     CaughtUp, DeliveryStatus, ErrorFrame, FrameKind, Hello, History, Pong, ReadPosition, Reconnect, Refreshed, Sent,

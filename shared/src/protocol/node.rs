@@ -232,6 +232,47 @@ impl ReadEntry {
     }
 }
 
+/// A node's answers as a worker writes them, borrowed from its batch: the same JSON as
+/// a [`NodeEnvelope`] with only `sent`, and read back as one.
+#[derive(Debug, Default, Serialize)]
+pub struct NoticesOut<'a> {
+    pub sent: Vec<SendNoticeOut<'a>>,
+}
+
+/// A [`SendNotice`] borrowed: its request's echo and its answer.
+#[derive(Debug, Serialize)]
+pub struct SendNoticeOut<'a> {
+    pub rid: u64,
+    pub echo: EchoOut<'a>,
+    #[serde(flatten)]
+    pub outcome: OutcomeOut<'a>,
+}
+
+/// An [`Echo`] borrowed.
+#[derive(Debug, Serialize)]
+pub struct EchoOut<'a> {
+    pub tenant: &'a str,
+    pub user: &'a str,
+    pub conv: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmid: Option<&'a str>,
+}
+
+/// The answers of [`SendOutcome`] a commit gives (`ok`, `err`), borrowed.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeOut<'a> {
+    Ok(&'a SendResult),
+    Err { code: ErrorCode, message: &'a str },
+}
+
+impl IngressEntry {
+    /// The echo of this send, borrowed.
+    pub fn echo_out(&self) -> EchoOut<'_> {
+        EchoOut { tenant: &self.tenant, user: &self.user, conv: &self.conv, cmid: Some(&self.cmid) }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum SendOutcome {
@@ -290,6 +331,22 @@ pub struct Delivery {
     pub frame: Box<RawValue>,
     /// (tenant, user, device) of every recipient device on the node.
     pub to: Vec<DeviceKey>,
+}
+
+/// A node's deliveries as a worker writes them, borrowed from its fan-out: the same
+/// JSON as a [`NodeEnvelope`] with only `deliver`, and read back as one. Recipients
+/// are (tenant, user, device), as a [`DeviceKey`] travels.
+#[derive(Debug, Default, Serialize)]
+pub struct DeliveriesOut<'a> {
+    pub deliver: Vec<DeliveryOut<'a>>,
+}
+
+/// One message for a set of devices on one node, borrowed ([`Delivery`] when read).
+#[derive(Debug, Serialize)]
+pub struct DeliveryOut<'a> {
+    pub id: MsgId,
+    pub frame: &'a RawValue,
+    pub to: Vec<(&'a str, &'a str, &'a str)>,
 }
 
 /// Everything published to one node's channel in one go.
@@ -381,6 +438,56 @@ mod tests {
         let mut other = fields.clone();
         other.insert("k".into(), "later".into());
         assert_eq!(IngressRequest::from_fields(&other), None);
+    }
+
+    #[test]
+    fn borrowed_answers_read_back_as_the_notices_they_stand_for() {
+        let entry = IngressEntry {
+            tenant: "t".into(),
+            user: "u".into(),
+            device: "d".into(),
+            cmid: "m\"1".into(),
+            conv: "c".into(),
+            body: "{}".into(),
+            node: "n".into(),
+            rid: 4,
+            trace: None,
+        };
+        let result = SendResult { id: MsgId(9), conv: "c".into(), seq: 3, ts: 5, dup: true };
+        let out = NoticesOut {
+            sent: vec![
+                SendNoticeOut { rid: 4, echo: entry.echo_out(), outcome: OutcomeOut::Ok(&result) },
+                SendNoticeOut {
+                    rid: 5,
+                    echo: entry.echo_out(),
+                    outcome: OutcomeOut::Err { code: ErrorCode::Forbidden, message: "not a member" },
+                },
+            ],
+        };
+        let back: NodeEnvelope = serde_json::from_str(&serde_json::to_string(&out).unwrap()).unwrap();
+        let owned = |rid, outcome| SendNotice { rid, echo: Some(entry.echo()), outcome };
+        assert_eq!(
+            back.sent,
+            vec![
+                owned(4, SendOutcome::Ok(result.clone())),
+                owned(5, SendOutcome::Err { code: ErrorCode::Forbidden, message: "not a member".into() }),
+            ]
+        );
+        assert!(back.deliver.is_empty());
+    }
+
+    #[test]
+    fn borrowed_deliveries_read_back_as_an_envelope() {
+        let frame = RawValue::from_string(r#"{"type":"msg","body":{"t":"a\"b"}}"#.into()).unwrap();
+        let out = DeliveriesOut {
+            deliver: vec![DeliveryOut { id: MsgId(7), frame: &frame, to: vec![("t", "u", "d1"), ("t", "u", "d2")] }],
+        };
+        let back: NodeEnvelope = serde_json::from_str(&serde_json::to_string(&out).unwrap()).unwrap();
+        assert_eq!(back.deliver.len(), 1);
+        assert_eq!(back.deliver[0].id, MsgId(7));
+        assert_eq!(back.deliver[0].frame.get(), frame.get());
+        assert_eq!(back.deliver[0].to, vec![DeviceKey::new("t", "u", "d1"), DeviceKey::new("t", "u", "d2")]);
+        assert!(back.sent.is_empty() && back.reads.is_empty() && back.status.is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub(super) const CALL_ENTRIES: usize = 2_048;
 /// cluster slot (any users on a single Redis), at most [`CALL_ENTRIES`] pending entries
 /// per call (a user larger than that gets a call of its own). One call per user cost
 /// Redis more than the entries themselves.
-pub(super) fn calls(keys: &Keys, plans: &[(&(String, String), &UserPlan)], clustered: bool) -> Vec<Vec<usize>> {
+pub(super) fn calls(keys: &Keys, plans: &[(&(&str, &str), &UserPlan)], clustered: bool) -> Vec<Vec<usize>> {
     let users = plans
         .iter()
         .map(|((tenant, user), plan)| (keys.presence(tenant, user), plan.values().map(Vec::len).sum::<usize>()));

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use fred::prelude::*;
 use herald_shared::ids::MsgId;
 use herald_shared::keys::{DeviceKey, Keys};
-use herald_shared::protocol::{Delivery, NodeEnvelope};
+use herald_shared::protocol::{DeliveriesOut, DeliveryOut};
 use herald_shared::redis::Batch;
 use herald_shared::scripts;
 use serde_json::value::RawValue;
@@ -81,8 +81,12 @@ pub struct Fanout {
     floors: Option<Arc<SeqFloors>>,
 }
 
-/// Pending-set additions for one user: device -> messages.
-type UserPlan = BTreeMap<String, Vec<MsgId>>;
+/// Pending-set additions for one user: device -> messages. Ids and names are borrowed
+/// from the commit's messages and recipients, never copied per delivery.
+type UserPlan<'a> = BTreeMap<&'a str, Vec<MsgId>>;
+
+/// Where each message goes on each node: node -> message -> (tenant, user, device).
+type ByNode<'a> = BTreeMap<String, BTreeMap<MsgId, Vec<(&'a str, &'a str, &'a str)>>>;
 
 impl Fanout {
     pub fn new(db: MySqlPool, redis: Pool, keys: Keys, message_ttl_s: u64, pending_cap: u64, done_ttl_ms: u64) -> Self {
@@ -157,7 +161,7 @@ impl Fanout {
             return Ok(());
         }
         let mut frames: HashMap<MsgId, Box<RawValue>> = HashMap::with_capacity(msgs.len());
-        let mut plans: BTreeMap<(String, String), UserPlan> = BTreeMap::new();
+        let mut plans: BTreeMap<(&str, &str), UserPlan> = BTreeMap::new();
         let mut push = Vec::new();
         for (group, recipients) in groups {
             // Each group with its own recipients: a member who left between two commits
@@ -185,9 +189,9 @@ impl Fanout {
                             });
                         }
                         plans
-                            .entry((m.tenant.clone(), r.user.clone()))
+                            .entry((m.tenant.as_str(), r.user.as_str()))
                             .or_default()
-                            .entry(r.device.clone())
+                            .entry(r.device.as_str())
                             .or_default()
                             .push(m.id);
                     }
@@ -216,18 +220,19 @@ impl Fanout {
 
         // Online devices, grouped by the node that holds them; the devices whose
         // entries were written, and how many were not.
-        let mut by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceKey>>> = BTreeMap::new();
+        let mut by_node: ByNode = BTreeMap::new();
         let (mut written, mut failed) = (Vec::new(), 0);
-        for (((tenant, user), plan), devices) in plans.iter().zip(results) {
+        for ((&(tenant, user), plan), devices) in plans.iter().zip(results) {
             for device in devices {
                 if !device.written {
                     failed += 1;
                     continue;
                 }
-                let key = DeviceKey::new(tenant.as_str(), user.as_str(), device.device.as_str());
-                if let (Some(node), Some(ids)) = (device.node, plan.get(&device.device)) {
+                let key = (tenant, user, device.device);
+                if let (Some(node), Some(ids)) = (device.node, plan.get(device.device)) {
+                    let on_node = by_node.entry(node).or_default();
                     for id in ids {
-                        by_node.entry(node.clone()).or_default().entry(*id).or_default().push(key.clone());
+                        on_node.entry(*id).or_default().push(key);
                     }
                 }
                 written.push(key);
@@ -236,14 +241,15 @@ impl Fanout {
         if failed > 0 {
             // Those written are told now (their entries are there); the events stay
             // unfinished for the outbox, which skips these devices when it redoes them.
-            let written_set: HashSet<&DeviceKey> = written.iter().collect();
-            push.retain(|c| written_set.contains(&DeviceKey::new(&*c.tenant, &*c.user, &*c.device)));
-            self.publish(client, by_node, &frames, &[]).await?;
+            let written_set: HashSet<(&str, &str, &str)> = written.iter().copied().collect();
+            push.retain(|c| written_set.contains(&(c.tenant.as_str(), c.user.as_str(), c.device.as_str())));
+            self.publish(client, &by_node, &frames, &[]).await?;
             self.hand_to_push(push);
             metrics::counter!("herald_fanout_partial_total").increment(1);
-            return Err(FanoutError::Partial { failed, done: written });
+            let done = written.into_iter().map(|(t, u, d)| DeviceKey::new(t, u, d)).collect();
+            return Err(FanoutError::Partial { failed, done });
         }
-        self.publish(client, by_node, &frames, events).await?;
+        self.publish(client, &by_node, &frames, events).await?;
         metrics::counter!("herald_fanout_messages_total").increment(msgs.len() as u64);
         self.hand_to_push(push);
         Ok(())
@@ -268,7 +274,7 @@ impl Fanout {
     async fn publish(
         &self,
         client: &Client,
-        by_node: BTreeMap<String, BTreeMap<MsgId, Vec<DeviceKey>>>,
+        by_node: &ByNode<'_>,
         frames: &HashMap<MsgId, Box<RawValue>>,
         events: &[u64],
     ) -> Result<(), FanoutError> {
@@ -278,13 +284,16 @@ impl Fanout {
         }
         let mut batch = Batch::new();
         for (node, deliveries) in by_node {
-            let mut env = NodeEnvelope::default();
-            for (id, to) in deliveries {
-                // A copy, not parsed again: the frame was checked once, when it was made.
-                env.deliver.push(Delivery { id, frame: frames[&id].clone(), to });
-            }
+            // The frames as they were made (checked once, not parsed again), and the
+            // recipients as the plans named them: nothing copied but into the payload.
+            let env = DeliveriesOut {
+                deliver: deliveries
+                    .iter()
+                    .map(|(id, to)| DeliveryOut { id: *id, frame: &frames[id], to: to.clone() })
+                    .collect(),
+            };
             let payload = serde_json::to_string(&env).expect("envelope serializes");
-            let channel = self.keys.node_channel(&node);
+            let channel = self.keys.node_channel(node);
             batch.publish_to_node(client, channel, payload);
         }
         let expiry = Expiration::PX(self.done_ttl_ms as i64);

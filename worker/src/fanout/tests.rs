@@ -153,11 +153,14 @@ async fn a_fan_out_failing_for_one_device_names_the_devices_done() {
 #[test]
 fn users_go_in_calls_by_slot_and_size() {
     let keys = Keys::new("hd");
-    let plan = |ids: usize| -> UserPlan { [("d1".to_string(), (0..ids as u64).map(MsgId).collect())].into() };
-    let users: Vec<((String, String), UserPlan)> = (0..300)
-        .map(|i| (("t".to_string(), format!("u{i}")), plan(if i == 7 { CALL_ENTRIES + 5 } else { 10 })))
+    let plan = |ids: usize| -> UserPlan { [("d1", (0..ids as u64).map(MsgId).collect())].into() };
+    let names: Vec<String> = (0..300).map(|i| format!("u{i}")).collect();
+    let users: Vec<((&str, &str), UserPlan)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (("t", u.as_str()), plan(if i == 7 { CALL_ENTRIES + 5 } else { 10 })))
         .collect();
-    let plans: Vec<(&(String, String), &UserPlan)> = users.iter().map(|(k, p)| (k, p)).collect();
+    let plans: Vec<(&(&str, &str), &UserPlan)> = users.iter().map(|(k, p)| (k, p)).collect();
     let entries = |call: &Vec<usize>| -> usize { call.iter().map(|&i| plans[i].1["d1"].len()).sum() };
 
     let single = calls(&keys, &plans, false);
@@ -173,7 +176,7 @@ fn users_go_in_calls_by_slot_and_size() {
     for call in &clustered {
         let slots: std::collections::BTreeSet<u16> = call
             .iter()
-            .map(|&i| fred::util::redis_keyslot(keys.presence(&plans[i].0 .0, &plans[i].0 .1).as_bytes()))
+            .map(|&i| fred::util::redis_keyslot(keys.presence(plans[i].0 .0, plans[i].0 .1).as_bytes()))
             .collect();
         assert_eq!(slots.len(), 1, "one slot per call: {call:?}");
     }

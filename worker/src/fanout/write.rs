@@ -18,8 +18,8 @@ use crate::batch::Committed;
 
 /// What the fan-out script did for one device.
 #[derive(Clone, Debug)]
-pub(super) struct Written {
-    pub device: String,
+pub(super) struct Written<'a> {
+    pub device: &'a str,
     /// Where the device is connected, if it is.
     pub node: Option<String>,
     /// Its entries were written.
@@ -31,13 +31,13 @@ impl Fanout {
     /// their entries were written, and the node of those online. The users go in a few
     /// script calls (see [`calls`]), not one each; a call that failed as a whole wrote
     /// none of its users' entries.
-    pub(super) async fn write(
+    pub(super) async fn write<'a>(
         &self,
         client: &Client,
         msgs: &[&Committed],
         frames: &HashMap<MsgId, Box<RawValue>>,
-        plans: &BTreeMap<(String, String), UserPlan>,
-    ) -> Result<Vec<Vec<Written>>, fred::error::Error> {
+        plans: &BTreeMap<(&'a str, &'a str), UserPlan<'a>>,
+    ) -> Result<Vec<Vec<Written<'a>>>, fred::error::Error> {
         let mut batch = Batch::new();
         // A recall or edit drops its message's stored frame: devices that still owe it
         // read it from MySQL, as it is now. A frame dropped in the same run is not
@@ -61,7 +61,7 @@ impl Fanout {
             batch.push(client.del::<Value, _>(self.keys.message(*id)));
         }
         let frame_writes = batch.len();
-        let plans: Vec<(&(String, String), &UserPlan)> = plans.iter().collect();
+        let plans: Vec<(&(&str, &str), &UserPlan)> = plans.iter().collect();
         let calls = calls(&self.keys, &plans, client.is_clustered());
         for call in &calls {
             let mut keys: Vec<Value> = Vec::new();
@@ -71,13 +71,13 @@ impl Fanout {
             let mut position: HashMap<MsgId, i64> = HashMap::new();
             let mut per_user: Vec<Value> = Vec::new();
             for &i in call {
-                let ((tenant, user), plan) = plans[i];
+                let (&(tenant, user), plan) = plans[i];
                 keys.push(self.keys.presence(tenant, user).into());
                 keys.push(self.keys.overflow(tenant, user).into());
                 per_user.push((plan.len() as i64).into());
                 for (device, ids) in plan {
                     keys.push(self.keys.pending(tenant, user, device).into());
-                    per_user.push(device.as_str().into());
+                    per_user.push((*device).into());
                     per_user.push((ids.len() as i64).into());
                     for id in ids {
                         let at = *position.entry(*id).or_insert_with(|| {
@@ -119,11 +119,8 @@ impl Fanout {
                 Err(e) => {
                     // None of this call's users got their entries.
                     for &i in call {
-                        devices[i] = plans[i]
-                            .1
-                            .keys()
-                            .map(|d| Written { device: d.clone(), node: None, written: false })
-                            .collect();
+                        devices[i] =
+                            plans[i].1.keys().map(|&d| Written { device: d, node: None, written: false }).collect();
                     }
                     calls_failed = Some(e);
                     continue;
@@ -136,11 +133,11 @@ impl Fanout {
             }
             let mut answer = answer.into_iter();
             for &i in call {
-                for device in plans[i].1.keys() {
+                for &device in plans[i].1.keys() {
                     let (Some(presence), Some(written)) = (answer.next(), answer.next()) else { break };
                     let node = presence.as_str().as_deref().and_then(PresenceValue::parse).map(|p| p.node);
                     let written = written.as_i64() == Some(1);
-                    devices[i].push(Written { device: device.clone(), node, written });
+                    devices[i].push(Written { device, node, written });
                 }
             }
         }
