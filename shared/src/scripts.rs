@@ -60,6 +60,8 @@ scripts! {
     /// Adds committed messages to the pending sets (with the cap) of the devices of
     /// users whose keys share a cluster slot, and reports where each device is connected.
     FANOUT = "fanout";
+    /// Stores a fan-out run's frames whose keys share a cluster slot, with their expiry.
+    FRAMES_SET = "frames_set";
     /// Records a read position for one user's devices and reports their presence.
     READS_RECORD = "reads_record";
     /// Removes acked ids from the pending sets of devices whose keys share a cluster slot.
@@ -108,6 +110,6 @@ mod tests {
             assert!(s.source().contains("-- Returns:"), "{} does not state what it returns", s.name());
             assert!(hashes.insert(s.script().sha1().to_string()), "{}", s.name());
         }
-        assert_eq!(ALL.len(), 16);
+        assert_eq!(ALL.len(), 17);
     }
 }

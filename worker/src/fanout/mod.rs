@@ -213,6 +213,7 @@ impl Fanout {
         let results = match written {
             Err(e) if e.to_string().contains("NOSCRIPT") => {
                 scripts::FANOUT.script().load(client).await?;
+                scripts::FRAMES_SET.script().load(client).await?;
                 self.write(client, &msgs, &frames, &plans).await?
             }
             other => other?,

@@ -190,6 +190,7 @@ async fn a_fan_out_runs_commands_leave_in_a_few_socket_writes() {
     let (redis, keys, fanout) = setup().await;
     // Loaded first, so that the run below sends no SCRIPT LOAD of its own.
     scripts::FANOUT.script().load(redis.next()).await.unwrap();
+    scripts::FRAMES_SET.script().load(redis.next()).await.unwrap();
     let _: i64 = redis
         .next()
         .hset(keys.presence("t", "carol"), ("p1", PresenceValue::new("gw-x", "s1").to_string()))
@@ -207,4 +208,21 @@ async fn a_fan_out_runs_commands_leave_in_a_few_socket_writes() {
     let pending: i64 = redis.next().zcard(keys.pending("t", "carol", "p1")).await.unwrap();
     assert_eq!(pending, 100, "every entry is written");
     assert!(fanout.is_done(101).await.unwrap() && fanout.is_done(102).await.unwrap());
+}
+
+/// A run's frames are stored together (one script call on a single Redis), each exactly
+/// as made and with the messages' expiry; a run of one message stores its frame too.
+#[tokio::test]
+async fn a_runs_frames_are_stored_with_their_expiry() {
+    let (redis, keys, fanout) = setup().await;
+    let members = [member("alice", "a1"), member("bob", "b1")];
+    for msgs in [(1..=5).map(|seq| message(6_000 + seq, seq)).collect::<Vec<_>>(), vec![message(6_100, 9)]] {
+        fanout.deliver_to(&[(&msgs, &members)], &[]).await.expect("fan-out");
+        for m in &msgs {
+            let stored: Option<String> = redis.next().get(keys.message(m.id)).await.unwrap();
+            assert_eq!(stored.as_deref(), Some(m.frame().expect("a frame").get()), "message {}", m.id.0);
+            let ttl: i64 = redis.next().ttl(keys.message(m.id)).await.unwrap();
+            assert!((1..=60).contains(&ttl), "message {}: ttl {ttl}", m.id.0);
+        }
+    }
 }
