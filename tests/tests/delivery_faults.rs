@@ -242,3 +242,50 @@ async fn a_slow_consumer_blocks_nobody_and_loses_nothing() {
     drop(stuck);
     receive_all(&c, "bob", "slow", &want, Duration::from_secs(30)).await;
 }
+
+/// Redis forgets its scripts (a restart that kept the data, a `SCRIPT FLUSH`): the
+/// fan-out loads them again, every frame of a run of several messages is stored under
+/// its key with the messages' expiry, and every message reaches the online device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_forgot_its_scripts_still_gets_every_frame_and_delivery() {
+    use fred::prelude::{KeysInterface, LuaInterface};
+    let redis = RedisServer::start().await;
+    let mut c = Cluster::with_redis("noscript", redis.url());
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let bob = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
+    let r = c.redis().await;
+    let _: () = r.script_flush(false).await.unwrap();
+
+    // Concurrent sends: the gateway packs them, so several are committed and fanned out
+    // as one run, whose frames go to Redis in one script call.
+    let sends = (0..30).map(|n| {
+        let alice = alice.clone();
+        async move { alice.send_until_committed(&format!("f{n}"), "ab", &json!({"n": n}), 20).await.expect("committed") }
+    });
+    let sent = futures::future::join_all(sends).await;
+    let mut per_commit = std::collections::BTreeMap::<u64, usize>::new();
+    for s in &sent {
+        *per_commit.entry(s.ts).or_default() += 1;
+    }
+    assert!(per_commit.values().any(|&n| n > 1), "no commit held several messages: {per_commit:?}");
+
+    let keys = c.keys();
+    for s in &sent {
+        let key = keys.message(s.id);
+        let frame: Option<String> = r.get(&key).await.unwrap();
+        let frame = frame.unwrap_or_else(|| panic!("no frame stored for {}", s.id.0));
+        assert!(frame.contains(&format!("\"id\":\"{}\"", s.id.0)), "{frame}");
+        let ttl: i64 = r.ttl(&key).await.unwrap();
+        assert!(ttl > 0, "the frame of {} has no expiry ({ttl})", s.id.0);
+    }
+    let want: BTreeSet<u64> = sent.iter().map(|s| s.id.0).collect();
+    eventually(Duration::from_secs(10), "bob's device has every message", || {
+        let got = bob.ids();
+        let want = &want;
+        async move { want.is_subset(&got).then_some(()) }
+    })
+    .await;
+}

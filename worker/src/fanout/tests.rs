@@ -210,8 +210,8 @@ async fn a_fan_out_runs_commands_leave_in_a_few_socket_writes() {
     assert!(fanout.is_done(101).await.unwrap() && fanout.is_done(102).await.unwrap());
 }
 
-/// A run's frames are stored together (one script call on a single Redis), each exactly
-/// as made and with the messages' expiry; a run of one message stores its frame too.
+/// A run of several messages (their frames through the frames script) and a run of one
+/// (its frame by a SET) store every frame exactly as made, with the messages' expiry.
 #[tokio::test]
 async fn a_runs_frames_are_stored_with_their_expiry() {
     let (redis, keys, fanout) = setup().await;

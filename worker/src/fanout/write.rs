@@ -48,25 +48,26 @@ impl Fanout {
         let stale: Vec<MsgId> = msgs.iter().filter_map(|m| m.event.as_ref()?.target()).collect();
         // An edit's frame carries text a later recall must take back from everyone:
         // it is not kept here, and devices that owe it read it from MySQL, as it is now.
-        let cached: Vec<(String, &str)> = msgs
+        let mut cached: Vec<(String, &str)> = msgs
             .iter()
             .filter(|m| !matches!(m.event, Some(TimelineEvent::Edited { .. })) && !stale.contains(&m.id))
             .map(|m| (self.keys.message(m.id), frames[&m.id].get()))
             .collect();
         // The frames of a slot in one script call; a frame alone (a slot's only one, or
         // one the size of a call) by a plain SET.
+        // Each key is made once and handed to its command (taken, not copied).
         let sizes = cached.iter().map(|(key, frame)| (key.as_str(), frame.len()));
         for call in herald_shared::redis::calls_by_slot(sizes, client.is_clustered(), FRAME_CALL_BYTES) {
             if let [i] = call[..] {
-                let (key, frame) = &cached[i];
+                let (key, frame) = (std::mem::take(&mut cached[i].0), cached[i].1);
                 let expiry = Some(Expiration::EX(self.message_ttl_s));
-                batch.push(client.set::<Value, _, _>(key.clone(), *frame, expiry, None, false));
+                batch.push(client.set::<Value, _, _>(key, frame, expiry, None, false));
                 continue;
             }
             let mut command: Vec<Value> = Vec::with_capacity(3 + 2 * call.len());
             command.push(scripts::FRAMES_SET.script().sha1().clone().into());
             command.push((call.len() as i64).into());
-            command.extend(call.iter().map(|&i| Value::from(cached[i].0.as_str())));
+            command.extend(call.iter().map(|&i| Value::from(std::mem::take(&mut cached[i].0))));
             command.push(self.message_ttl_s.into());
             command.extend(call.iter().map(|&i| Value::from(cached[i].1)));
             batch
