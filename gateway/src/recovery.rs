@@ -19,6 +19,7 @@ use fred::interfaces::HashesInterface;
 use fred::prelude::*;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::keys::{epoch_marker, DeviceKey, Keys};
+use herald_shared::redis::Batch;
 use herald_shared::scripts;
 use sqlx::mysql::MySqlPool;
 use tokio::sync::Semaphore;
@@ -75,22 +76,46 @@ pub struct Recovery {
     pub start_reads: Arc<Semaphore>,
 }
 
+/// What a session's start reads of its device's pending set.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AtStart {
+    /// Entries in the pending set.
+    pub set: u64,
+    /// The overflow band, if the device has one.
+    pub band: Option<Band>,
+    /// Entries of the set above the band (0 without one).
+    pub above_band: u64,
+}
+
 impl Recovery {
     /// Makes the device's pending set trusted in `epoch`: when it was not (Redis lost its
     /// data, or the device is new to this Redis), everything above its watermark goes
     /// into its overflow band, to be read from MySQL. The watermark is `known` when the
-    /// device's registration just read or wrote it, else read. Returns whether it had to.
+    /// device's registration just read or wrote it, else read. A session's start gives
+    /// its `platform` too, recorded in the user's device registry in the same write as
+    /// the marker's read. Returns the band it made, when it had to.
     pub async fn ensure_pending(
         &self,
         d: &DeviceKey,
         epoch: &str,
         known: Option<MsgId>,
-    ) -> Result<bool, RecoveryError> {
+        platform: Option<&str>,
+    ) -> Result<Option<Band>, RecoveryError> {
         let redis = self.redis.next();
         let devs = self.keys.devices(&d.tenant, &d.user);
-        let trusted: Option<String> = redis.hget(&devs, epoch_marker(&d.device)).await?;
+        let marker = epoch_marker(&d.device);
+        let mut batch = Batch::new();
+        if let Some(platform) = platform {
+            batch.push(redis.hset::<Value, _, _>(&devs, (d.device.as_str(), platform)));
+        }
+        batch.push(redis.hget::<Value, _, _>(&devs, &marker));
+        let mut answers = batch.run().await.into_iter();
+        let trusted: Option<String> = answers.next_back().expect("one answer per request")?.convert()?;
+        for registered in answers {
+            registered?;
+        }
         if trusted.as_deref() == Some(epoch) {
-            return Ok(false);
+            return Ok(None);
         }
         let watermark = match known {
             Some(w) => w.0,
@@ -107,22 +132,22 @@ impl Recovery {
                 .ok_or(RecoveryError::Unregistered)?
             }
         };
-        // Messages committed from now on are fanned out into the set itself.
+        // Messages committed from now on are fanned out into the set itself; the set is
+        // marked trusted in the epoch by the same script, once its band covers the rest.
         let (low, high) = (MsgId(watermark + 1), MsgId::lowest_at(now_ms()));
         let band: String = scripts::OVERFLOW_WIDEN
             .call(
                 redis,
-                vec![self.keys.overflow(&d.tenant, &d.user)],
-                vec![d.device.clone(), low.member(), high.member()],
+                vec![self.keys.overflow(&d.tenant, &d.user), devs],
+                vec![d.device.clone(), low.member(), high.member(), marker, epoch.to_owned()],
             )
             .await?;
-        let _: i64 = redis.hset(&devs, (epoch_marker(&d.device), epoch)).await?;
         metrics::counter!("herald_pending_rebuilds_total").increment(1);
         // Every device's first session of an epoch comes here (every never-seen device,
         // every device after Redis lost its data): counted, and logged at debug only, or
         // a login storm writes a line per device. The epoch's change is a warning of its own.
         tracing::debug!(device = %d, band, watermark, "pending set not trusted in this epoch; its band is read from MySQL");
-        Ok(true)
+        Ok(Band::parse(&band))
     }
 
     /// The device's overflow band, if it has one.
@@ -130,6 +155,35 @@ impl Recovery {
         let raw: Option<String> =
             self.redis.next().hget(self.keys.overflow(&d.tenant, &d.user), d.device.as_str()).await?;
         Ok(raw.as_deref().and_then(Band::parse))
+    }
+
+    /// The pending set's size and the overflow band at a session's start, in one round
+    /// trip (two when a band is read and found): `made` is the band the start's rebuild
+    /// just made, else it is read.
+    pub async fn at_start(&self, d: &DeviceKey, made: Option<Band>) -> Result<AtStart, Error> {
+        let redis = self.redis.next();
+        let pending = self.keys.pending_of(d);
+        let above = |band: &Band| band.high.score().next_up();
+        let mut batch = Batch::new();
+        batch.push(redis.zcard::<Value, _>(&pending));
+        match &made {
+            Some(band) => batch.push(redis.zcount::<Value, _>(&pending, above(band), f64::INFINITY)),
+            None => batch.push(redis.hget::<Value, _, _>(self.keys.overflow(&d.tenant, &d.user), d.device.as_str())),
+        }
+        let mut answers = batch.run().await.into_iter();
+        let set: u64 = answers.next().expect("one answer per request")?.convert()?;
+        let second = answers.next().expect("one answer per request")?;
+        let (band, above_band) = match made {
+            Some(band) => (Some(band), second.convert()?),
+            None => match second.convert::<Option<String>>()?.as_deref().and_then(Band::parse) {
+                Some(band) => {
+                    let n: u64 = redis.zcount(&pending, above(&band), f64::INFINITY).await?;
+                    (Some(band), n)
+                }
+                None => (None, 0),
+            },
+        };
+        Ok(AtStart { set, band, above_band })
     }
 
     /// Everything below `low` in the band is acked: move its low end there (or remove it
@@ -176,5 +230,68 @@ mod tests {
         assert!(old.high > h, "an old mark reaches up to now");
         assert_eq!(Band::parse("12 x"), None);
         assert_eq!(Band::parse("5"), None, "members are fixed-width");
+    }
+
+    async fn recovery() -> Recovery {
+        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+        Recovery {
+            // Never reached: the watermarks below are given.
+            db: herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool"),
+            redis: herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis"),
+            keys: Keys::new(format!("ut-recovery-{:08x}", rand::random::<u32>())),
+            watermark_margin_ms: 0,
+            start_reads: Arc::new(Semaphore::new(1)),
+        }
+    }
+
+    /// A device new to the epoch: its registry entry and its marker's read in one
+    /// write, then its band from the watermark to now with the set marked trusted by
+    /// the same script; trusted, a second start rebuilds nothing. What the start counts
+    /// is the set, the band and the set's entries above the band, from the band made or
+    /// read.
+    #[tokio::test]
+    async fn a_new_devices_start_gets_its_band_its_mark_and_its_counts() {
+        let r = recovery().await;
+        let d = DeviceKey::new("t", "alice", "phone");
+        let watermark = MsgId::lowest_at(now_ms() - 60_000);
+        let made = r.ensure_pending(&d, "e1", Some(watermark), Some("ios")).await.expect("rebuilt").expect("a band");
+        assert_eq!(made.low, MsgId(watermark.0 + 1));
+        assert!(made.high > made.low);
+        let client = r.redis.next();
+        let devs = r.keys.devices("t", "alice");
+        let (platform, marker): (Option<String>, Option<String>) =
+            (client.hget(&devs, "phone").await.unwrap(), client.hget(&devs, epoch_marker("phone")).await.unwrap());
+        assert_eq!(platform.as_deref(), Some("ios"), "the registry entry");
+        assert_eq!(marker.as_deref(), Some("e1"), "trusted in the epoch, with its band");
+        assert_eq!(r.band(&d).await.unwrap(), Some(made.clone()), "the band made is the band stored");
+        assert_eq!(r.ensure_pending(&d, "e1", Some(watermark), Some("ios")).await.expect("trusted"), None);
+
+        // Two entries below the band's top, three above it (scores are f64: apart by
+        // more than their precision at these ids).
+        let pending = r.keys.pending_of(&d);
+        let step = 1 << 12;
+        for id in [
+            made.high.0 - 2 * step,
+            made.high.0 - step,
+            made.high.0 + step,
+            made.high.0 + 2 * step,
+            made.high.0 + 3 * step,
+        ] {
+            let _: i64 =
+                client.zadd(&pending, None, None, false, false, (MsgId(id).score(), MsgId(id).member())).await.unwrap();
+        }
+        let expected = AtStart { set: 5, band: Some(made.clone()), above_band: 3 };
+        assert_eq!(r.at_start(&d, Some(made.clone())).await.unwrap(), expected, "from the band made");
+        assert_eq!(r.at_start(&d, None).await.unwrap(), expected, "from the band read");
+        let other = DeviceKey::new("t", "alice", "laptop");
+        assert_eq!(r.at_start(&other, None).await.unwrap(), AtStart { set: 0, band: None, above_band: 0 });
+
+        // A new epoch (Redis lost its data): the band widens, the mark moves.
+        let again = r.ensure_pending(&d, "e2", Some(MsgId(watermark.0 - 1000)), None).await.unwrap().expect("a band");
+        assert_eq!(again.low, MsgId(watermark.0 - 999));
+        assert!(again.high >= made.high);
+        let marker: Option<String> = client.hget(&devs, epoch_marker("phone")).await.unwrap();
+        assert_eq!(marker.as_deref(), Some("e2"));
+        let _: i64 = client.del(vec![devs, pending, r.keys.overflow("t", "alice")]).await.unwrap();
     }
 }

@@ -82,7 +82,8 @@ scripts! {
     /// What bounds a device's watermark (oldest pending or overflowed id), if its set
     /// is trusted in this epoch.
     OLDEST_IF_TRUSTED = "oldest_if_trusted";
-    /// Widens a device's overflow band (read from MySQL instead of the pending set).
+    /// Widens a device's overflow band (read from MySQL instead of the pending set) and
+    /// marks its pending set trusted in the epoch.
     OVERFLOW_WIDEN = "overflow_widen";
     /// Moves a device's overflow band up as the device catches up, or removes it.
     OVERFLOW_ADVANCE = "overflow_advance";

@@ -8,7 +8,6 @@
 //! and then a read; a longer one is counted too.
 
 use axum::extract::ws::Message;
-use fred::interfaces::{HashesInterface, SortedSetsInterface};
 use futures::{Sink, Stream};
 use herald_shared::ids::MsgId;
 use herald_shared::protocol::{Hello, Message as MsgFrame};
@@ -49,30 +48,29 @@ where
             // Its user's followers hear it came online when this is its only device.
             self.env.roster.connected(&self.device.tenant, &self.device.user).await;
         }
-        // The device registry in Redis (MySQL's devices table stays the truth).
-        let devices = self.env.keys.devices(&self.device.tenant, &self.device.user);
-        let _: i64 = redis.hset(devices, (self.device.device.as_str(), self.claims.plat.as_str())).await?;
+        // The device registry in Redis (MySQL's devices table stays the truth), written
+        // with the read of the set's epoch marker.
         self.epoch = EpochSeen::new(&self.env.epoch);
         let watermark = self.registered_watermark.take();
-        match self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, watermark).await {
+        let platform = Some(self.claims.plat.as_str());
+        let recovery = &self.env.recovery;
+        let made = match recovery.ensure_pending(&self.device, &self.epoch.epoch, watermark, platform).await {
             // The device logged out through another gateway, whose word this one's
             // registry missed: it came back, so it is registered again, now, and gets
             // every message from here on.
             Err(RecoveryError::Unregistered) => {
                 let again = self.env.devices.register_again(&self.claims).await;
                 let watermark = again.map_err(|e| SessionError::Register(e.message))?;
-                self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, Some(watermark)).await?;
+                recovery.ensure_pending(&self.device, &self.epoch.epoch, Some(watermark), platform).await?
             }
-            done => {
-                done?;
-            }
-        }
+            done => done?,
+        };
         // With a band: its messages (the set may hold some of them too) and the set's
         // above it, or the set's size if that is more.
-        let mut pending: u64 = redis.zcard(&self.pending_key).await?;
-        if let Some(band) = self.env.recovery.band(&self.device).await? {
-            let above: u64 = redis.zcount(&self.pending_key, band.high.score().next_up(), f64::INFINITY).await?;
-            pending = pending.max(self.count_band(band).await? + above);
+        let at_start = recovery.at_start(&self.device, made).await?;
+        let mut pending = at_start.set;
+        if let Some(band) = at_start.band {
+            pending = pending.max(self.count_band(band).await? + at_start.above_band);
         }
         metrics::histogram!("herald_pending_at_connect").record(pending as f64);
         self.backlog.expect(pending);

@@ -104,7 +104,7 @@ where
             // data with the epoch unchanged: the device's marker went too, and this
             // restores the pending set from MySQL (a no-op while the marker is there).
             tracing::info!("presence was missing; set again and the pending set read again");
-            match self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, None).await {
+            match self.env.recovery.ensure_pending(&self.device, &self.epoch.epoch, None, None).await {
                 Ok(_) => {}
                 // Its presence went because it logged out (on another node, whose kick
                 // did not arrive).
@@ -123,7 +123,7 @@ where
     /// Redis lost its data: restore the pending set from MySQL, read it again.
     pub(super) async fn check_epoch(&mut self) -> Flow {
         let Some((generation, epoch)) = self.epoch.changed(&self.env.epoch) else { return ControlFlow::Continue(()) };
-        match self.env.recovery.ensure_pending(&self.device, &epoch, None).await {
+        match self.env.recovery.ensure_pending(&self.device, &epoch, None, None).await {
             Ok(_) => {
                 self.epoch.accept(generation, epoch);
                 // The presence went with the data: restore it now, not at the next
