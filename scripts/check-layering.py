@@ -33,7 +33,7 @@ LAYERS = {
     "gateway": [
         ["tls", "mailbox", "budget", "watchers", "meters"],
         ["error", "limits", "listener", "client_ip", "waiters", "epoch", "sessions", "acks", "status", "starts"],
-        ["ingress_writer", "send_span"],
+        ["ingress_writer", "send_span", "announcer"],
         ["history", "ingress", "devices", "recovery", "watermarks", "delivered", "typing", "roster", "identity"],
         ["session", "liveness", "notices"],
         ["state"],

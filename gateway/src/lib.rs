@@ -15,13 +15,14 @@
 //!   span), [`devices`] (device registration), [`recovery`] (pending-set rebuilds),
 //!   [`identity`] (tokens' key sets and revocations), [`watermarks`] (their flusher),
 //!   [`delivered`] (delivered positions' flusher), [`notices`] (the node and presence
-//!   channels), [`typing`] (typing indicators relayed), [`roster`] (presence announced
-//!   and read). [`status`] (a message's status per recipient) sits with the leaves.
+//!   channels), [`typing`] (typing indicators relayed), [`roster`] (presence announced,
+//!   through the node's [`announcer`], and read). [`status`] (a message's status per recipient) sits with the leaves.
 //! - [`session`]: one WebSocket session.
 //! - [`state`]: the services bundled for the handlers; [`api`]: the HTTP handlers and
 //!   the WebSocket upgrade.
 
 pub mod acks;
+pub mod announcer;
 pub mod api;
 pub mod budget;
 pub mod client_ip;
@@ -161,12 +162,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     };
     let limits = Arc::new(limits::NodeLimits::new(g));
     let watchers = Arc::new(watchers::PresenceWatchers::default());
+    let (announcements, announcer) = announcer::channel(redis.clone(), &keys);
     let roster = roster::Roster {
         db: db.clone(),
         redis: redis.clone(),
         keys: keys.clone(),
         max_users: g.presence_max_users,
         seen_ttl_s: cfg.delivery.device_ttl_s,
+        announcements,
     };
     let typing = Arc::new(typing::TypingRelay::new(
         db.clone(),
@@ -244,6 +247,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     process.spawn_supervised("device_registrar", Criticality::Critical, move |c| registry.clone().run(c));
     process.spawn_supervised("watermark_flusher", Criticality::Background, move |c| flusher.clone().run(c));
     process.spawn_supervised("ack_writer", Criticality::Critical, move |c| ack_writer.clone().run(c));
+    process.spawn_supervised("presence_announcer", Criticality::Background, move |c| announcer.clone().run(c));
     process.spawn_supervised("ingress_writer", Criticality::Critical, move |c| ingress_writer.clone().run(c));
     let delivered_flusher = delivered_flusher.clone();
     process.spawn_supervised("delivered_flusher", Criticality::Background, move |c| delivered_flusher.clone().run(c));

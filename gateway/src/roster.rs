@@ -11,9 +11,10 @@ use std::collections::HashSet;
 use fred::prelude::*;
 use herald_shared::db::TextColumns;
 use herald_shared::keys::Keys;
-use herald_shared::protocol::{NodeEnvelope, PresenceChange, PresenceState};
+use herald_shared::protocol::{PresenceChange, PresenceState};
 use sqlx::mysql::MySqlPool;
 
+use crate::announcer::Announcements;
 use crate::error::{ApiError, ApiResult};
 
 #[derive(Clone, Debug)]
@@ -25,6 +26,8 @@ pub struct Roster {
     pub max_users: usize,
     /// How long a last-seen time is kept (`delivery.device_ttl_s`).
     pub seen_ttl_s: u64,
+    /// Where changes go out to every gateway (`crate::announcer`).
+    pub announcements: Announcements,
 }
 
 impl Roster {
@@ -93,8 +96,8 @@ impl Roster {
     /// `user` has just come online (its first device connected; the claim of the
     /// presence tells). Best effort: presence is a hint, and a failed announcement costs
     /// followers one change.
-    pub async fn connected(&self, tenant: &str, user: &str) {
-        self.announce(tenant, PresenceState { user: user.to_owned(), online: true, last_seen: None }).await;
+    pub fn connected(&self, tenant: &str, user: &str) {
+        self.announce(tenant, PresenceState { user: user.to_owned(), online: true, last_seen: None });
     }
 
     /// `user`'s last device gave up its presence (the clearing tells): offline, with
@@ -104,17 +107,10 @@ impl Roster {
         let ttl = Some(Expiration::EX(self.seen_ttl_s.max(1) as i64));
         let seen = self.redis.next().set(self.keys.last_seen(tenant, user), now, ttl, None, false).await;
         let _: Result<(), _> = seen;
-        self.announce(tenant, PresenceState { user: user.to_owned(), online: false, last_seen: Some(now) }).await;
+        self.announce(tenant, PresenceState { user: user.to_owned(), online: false, last_seen: Some(now) });
     }
 
-    async fn announce(&self, tenant: &str, state: PresenceState) {
-        let env =
-            NodeEnvelope { presence: vec![PresenceChange { tenant: tenant.to_owned(), state }], ..Default::default() };
-        let payload = serde_json::to_string(&env).expect("envelope serializes");
-        let sent =
-            herald_shared::redis::publish_to_node(self.redis.next(), self.keys.presence_channel(), payload).await;
-        if let Err(e) = sent {
-            tracing::debug!(error = %e, "presence change not announced");
-        }
+    fn announce(&self, tenant: &str, state: PresenceState) {
+        self.announcements.announce(PresenceChange { tenant: tenant.to_owned(), state });
     }
 }

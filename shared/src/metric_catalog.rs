@@ -112,6 +112,10 @@ pub const METRICS: &[Metric] = &[
         "Hand-overs of acked ids the node's ack writer's queue refused (the session keeps them and tries again).",
     ),
     counter("herald_acks_dropped_total", "Acked ids not removed before the node stopped (they are pushed again)."),
+    counter(
+        "herald_presence_changes_dropped_total",
+        "Presence changes the node's announcer could not publish or had no room for (followers see the next one).",
+    ),
     histogram(
         "herald_ingress_write_requests",
         "Requests (sends, reads, timeline changes) a gateway's ingress writer appended in one write.",

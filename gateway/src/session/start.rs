@@ -46,7 +46,7 @@ where
             self.presence.give_up(&redis, Some(&newer)).await;
         } else if new_device {
             // Its user's followers hear it came online when this is its only device.
-            self.env.roster.connected(&self.device.tenant, &self.device.user).await;
+            self.env.roster.connected(&self.device.tenant, &self.device.user);
         }
         // The device registry in Redis (MySQL's devices table stays the truth), written
         // with the read of the set's epoch marker.

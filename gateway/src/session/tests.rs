@@ -149,6 +149,7 @@ async fn fixture(device: &str) -> Fixture {
         keys: keys.clone(),
         max_users: 10,
         seen_ttl_s: 60,
+        announcements: crate::announcer::channel(pool.clone(), &keys).0,
     };
     let typing = Arc::new(crate::typing::TypingRelay::new(db.clone(), pool.clone(), keys.clone(), 6_000, 100));
     let devices = crate::devices::DeviceRegistry::new(

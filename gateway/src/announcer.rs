@@ -1,0 +1,139 @@
+//! The node's presence announcer: users coming online and going offline here reach
+//! every gateway on the cluster's presence channel, each PUBLISH carrying the changes
+//! that arrived while the previous one was under way, in their order. There is no
+//! linger: a lone change goes at once. A change published on its own cost a PUBLISH
+//! here, a copy to every gateway in Redis and an envelope parsed by each of them: a
+//! login storm paid that once per session.
+//!
+//! Presence is a hint (docs/protocol.md section 4.12): a change that cannot be
+//! published is dropped, counted in `herald_presence_changes_dropped_total`, as one
+//! the queue has no room for; followers see the user's next change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::Pool;
+use herald_shared::keys::Keys;
+use herald_shared::protocol::{NodeEnvelope, PresenceChange};
+use tokio::sync::{mpsc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// Changes waiting at most.
+const QUEUE: usize = 65_536;
+/// Changes in one PUBLISH at most (a change is about 100 bytes of JSON).
+const PUBLISH_MAX: usize = 2_048;
+/// How long a stopping node keeps publishing what is queued.
+const FINAL_ROUND: Duration = Duration::from_secs(2);
+
+/// Where presence changes are handed over.
+#[derive(Clone, Debug)]
+pub struct Announcements(mpsc::Sender<PresenceChange>);
+
+impl Announcements {
+    /// Queues a change; never waits.
+    pub fn announce(&self, change: PresenceChange) {
+        if self.0.try_send(change).is_err() {
+            metrics::counter!("herald_presence_changes_dropped_total").increment(1);
+        }
+    }
+}
+
+/// The announcer: restartable, its queue outlives a restart.
+#[derive(Clone, Debug)]
+pub struct Announcer {
+    redis: Pool,
+    channel: String,
+    rx: Arc<Mutex<mpsc::Receiver<PresenceChange>>>,
+}
+
+/// The queue and the announcer that empties it onto the presence channel.
+pub fn channel(redis: Pool, keys: &Keys) -> (Announcements, Announcer) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    (Announcements(tx), Announcer { redis, channel: keys.presence_channel(), rx: Arc::new(Mutex::new(rx)) })
+}
+
+impl Announcer {
+    /// Runs until `cancel`, then publishes what is still queued (bounded in time).
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut rx = self.rx.lock().await;
+        let mut batch = Vec::new();
+        loop {
+            tokio::select! {
+                biased;
+                n = rx.recv_many(&mut batch, PUBLISH_MAX) => if n == 0 { return },
+                _ = cancel.cancelled() => break,
+            }
+            self.publish(&mut batch).await;
+        }
+        let last = async {
+            loop {
+                while batch.len() < PUBLISH_MAX {
+                    match rx.try_recv() {
+                        Ok(c) => batch.push(c),
+                        Err(_) => break,
+                    }
+                }
+                if batch.is_empty() {
+                    return;
+                }
+                self.publish(&mut batch).await;
+            }
+        };
+        let _ = tokio::time::timeout(FINAL_ROUND, last).await;
+    }
+
+    /// One envelope of the changes, in their order; emptied whether or not it landed.
+    async fn publish(&self, batch: &mut Vec<PresenceChange>) {
+        let n = batch.len() as u64;
+        let env = NodeEnvelope { presence: std::mem::take(batch), ..Default::default() };
+        let payload = serde_json::to_string(&env).expect("envelope serializes");
+        if let Err(e) = herald_shared::redis::publish_to_node(self.redis.next(), self.channel.clone(), payload).await {
+            metrics::counter!("herald_presence_changes_dropped_total").increment(n);
+            tracing::debug!(error = %e, changes = n, "presence changes not announced");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fred::prelude::*;
+    use herald_shared::protocol::PresenceState;
+
+    /// Changes handed over while a PUBLISH is under way go out together, in their
+    /// order, none lost: 500 changes reach a subscriber in far fewer messages (before,
+    /// a PUBLISH each).
+    #[tokio::test]
+    async fn changes_go_out_together_in_their_order() {
+        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+        let keys = Keys::new(format!("ut-announcer-{:08x}", rand::random::<u32>()));
+        let subscriber = herald_shared::redis::builder(&url, &Default::default(), Duration::from_secs(3))
+            .expect("a builder")
+            .build_subscriber_client()
+            .expect("a subscriber");
+        subscriber.init().await.expect("connected");
+        let mut messages = subscriber.message_rx();
+        subscriber.subscribe(keys.presence_channel()).await.expect("subscribed");
+
+        let (announcements, announcer) = channel(redis, &keys);
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(announcer.run(cancel.clone()));
+        let users: Vec<String> = (0..500).map(|i| format!("u{i}")).collect();
+        for u in &users {
+            let state = PresenceState { user: u.clone(), online: true, last_seen: None };
+            announcements.announce(PresenceChange { tenant: "t".into(), state });
+        }
+        let (mut seen, mut publishes) = (Vec::new(), 0);
+        while seen.len() < users.len() {
+            let msg = tokio::time::timeout(Duration::from_secs(5), messages.recv()).await.expect("in time").unwrap();
+            let env: NodeEnvelope = serde_json::from_str(&msg.value.as_string().unwrap()).expect("an envelope");
+            seen.extend(env.presence.into_iter().map(|c| c.state.user));
+            publishes += 1;
+        }
+        assert_eq!(seen, users, "every change, once, in order");
+        assert!(publishes < 50, "500 changes took {publishes} publishes");
+        cancel.cancel();
+        running.await.unwrap();
+    }
+}
