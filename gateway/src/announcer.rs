@@ -65,17 +65,11 @@ impl Announcer {
             }
             self.publish(&mut batch).await;
         }
+        // What is still queued, a PUBLISH at a time.
         let last = async {
-            loop {
-                while batch.len() < PUBLISH_MAX {
-                    match rx.try_recv() {
-                        Ok(c) => batch.push(c),
-                        Err(_) => break,
-                    }
-                }
-                if batch.is_empty() {
-                    return;
-                }
+            while !batch.is_empty() || !rx.is_empty() {
+                let room = PUBLISH_MAX - batch.len();
+                batch.extend(std::iter::from_fn(|| rx.try_recv().ok()).take(room));
                 self.publish(&mut batch).await;
             }
         };
@@ -133,7 +127,21 @@ mod tests {
         }
         assert_eq!(seen, users, "every change, once, in order");
         assert!(publishes < 50, "500 changes took {publishes} publishes");
+
+        // Changes queued as the node stops still go out.
+        for u in &users[..10] {
+            let state = PresenceState { user: u.clone(), online: false, last_seen: Some(1) };
+            announcements.announce(PresenceChange { tenant: "t".into(), state });
+        }
         cancel.cancel();
         running.await.unwrap();
+        let mut last = Vec::new();
+        while last.len() < 10 {
+            let msg = tokio::time::timeout(Duration::from_secs(5), messages.recv()).await.expect("in time").unwrap();
+            let env: NodeEnvelope = serde_json::from_str(&msg.value.as_string().unwrap()).expect("an envelope");
+            last.extend(env.presence.into_iter().map(|c| (c.state.user, c.state.online)));
+        }
+        let expected: Vec<(String, bool)> = users[..10].iter().map(|u| (u.clone(), false)).collect();
+        assert_eq!(last, expected, "the changes queued at the stop, in order");
     }
 }
