@@ -37,11 +37,6 @@ pub fn tls_file_problems(url: &str) -> Vec<String> {
     out
 }
 
-/// How long a connection may sit idle before it is pinged again when it is next
-/// used: a connection the server closed (its `wait_timeout`, a restart) has been idle
-/// far longer.
-pub const IDLE_CHECK: Duration = Duration::from_secs(1);
-
 /// A pool that connects lazily, so a process can start (and report not-ready) while
 /// the database is down.
 ///
@@ -49,12 +44,6 @@ pub const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// reads its members must see the membership committed before it got the lock, not a
 /// snapshot from its first read (REPEATABLE READ would let a member removed in between
 /// still send). It also takes no gap locks, so concurrent batches do not block each other.
-///
-/// A connection is pinged before it is handed out only when it has been idle for
-/// [`IDLE_CHECK`] (sqlx's default pings at every acquire, on top of the ping it always
-/// sends when a connection is given back: two round trips more for every pooled query).
-/// One the server closed meanwhile is then dropped and another taken; one that broke
-/// within the second fails its query, and the ping at its release drops it.
 ///
 /// Every statement runs under `statement_timeout` (MariaDB's `max_statement_time`, or
 /// MySQL's `max_execution_time`, which bounds reads only): a stuck query frees its
@@ -65,16 +54,6 @@ pub fn pool(url: &str, size: u32, statement_timeout: Option<Duration>) -> Result
         .max_connections(size)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(5))
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for < IDLE_CHECK {
-                    return Ok(true);
-                }
-                // `false` closes it and takes another (or connects anew).
-                Ok(sqlx::Connection::ping(conn).await.is_ok())
-            })
-        })
         .after_connect(move |conn, _| {
             Box::pin(async move {
                 sqlx::Executor::execute(&mut *conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
@@ -251,49 +230,6 @@ impl TextColumns for sqlx::mysql::MySqlRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The pings the server has answered on the connection that runs this.
-    async fn pings(db: &MySqlPool) -> i64 {
-        let (_, n): (String, String) =
-            sqlx::query_as("SHOW SESSION STATUS LIKE 'Com_admin_commands'").fetch_one(db).await.expect("status");
-        n.parse().expect("a count")
-    }
-
-    /// A pooled query on a connection used within the last second costs one ping, the
-    /// one sqlx sends when the connection is given back; before, it was pinged when
-    /// taken too: two round trips more for every query.
-    #[tokio::test]
-    async fn a_recently_used_connection_is_not_pinged_when_taken() {
-        let scratch = ScratchDb::create("pings").await.expect("a fresh schema");
-        let db = pool(&scratch.url, 1, None).expect("pool");
-        let before = pings(&db).await;
-        for _ in 0..10 {
-            sqlx::query("SELECT 1").execute(&db).await.expect("a query");
-        }
-        let after = pings(&db).await;
-        // One connection (a pool of one): each of the 11 queries up to the second
-        // reading was given back once; none was pinged when taken.
-        assert_eq!(after - before, 11, "pings for 11 pooled queries");
-        db.close().await;
-        scratch.remove().await;
-    }
-
-    /// A connection the server closed while it sat idle in the pool is not handed out:
-    /// pinged after [`IDLE_CHECK`], dropped, and the query runs on a new one.
-    #[tokio::test]
-    async fn a_connection_closed_while_idle_is_replaced() {
-        let scratch = ScratchDb::create("idle").await.expect("a fresh schema");
-        let db = pool(&scratch.url, 1, None).expect("pool");
-        let first: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&db).await.expect("an id");
-        let mut admin = options(&scratch.url).expect("options").connect().await.expect("a connection");
-        sqlx::query(&format!("KILL {first}")).execute(&mut admin).await.expect("killed");
-        tokio::time::sleep(IDLE_CHECK + Duration::from_millis(200)).await;
-        let second: u64 =
-            sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&db).await.expect("a query after the kill");
-        assert_ne!(first, second, "a new connection");
-        db.close().await;
-        scratch.remove().await;
-    }
 
     #[test]
     fn tls_files_of_the_url_are_checked() {

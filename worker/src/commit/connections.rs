@@ -1,9 +1,9 @@
 //! The connections commits run on, kept out of the pool.
 //!
-//! sqlx's pool pings a connection, unconditionally, when it is given back (and, by
-//! its default, when it is taken: the pool here pings only one idle for
-//! `IDLE_CHECK`): a round trip more for each commit's three, and at low load (a message
-//! or two per batch) a large share of everything MariaDB was asked. Commits therefore keep their connections: taken from the pool once and
+//! sqlx's pool pings a connection when it is taken (`test_before_acquire`) and again,
+//! unconditionally, when it is given back: two round trips more for each commit's
+//! three, and at low load (a message or two per batch) a third of everything MariaDB
+//! was asked. Commits therefore keep their connections: taken from the pool once and
 //! detached, handed from one commit to the next, and pinged only when one has been idle
 //! long enough that the server may have closed it. A connection whose commit failed is
 //! not kept (its transaction may still be open), so a broken one costs one failed
@@ -13,11 +13,13 @@
 //! connections are kept, on top of the pool's `worker.db_pool_size`.
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use herald_shared::db::IDLE_CHECK;
 use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::Connection;
+
+/// A connection idle longer than this is pinged before a commit uses it.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub struct CommitConnections {
@@ -40,7 +42,6 @@ impl CommitConnections {
             let Some((mut conn, since)) = kept else {
                 return Ok(self.pool.acquire().await?.detach());
             };
-            // Idle longer than the pool's own check: pinged before a commit uses it.
             if since.elapsed() < IDLE_CHECK || conn.ping().await.is_ok() {
                 return Ok(conn);
             }
