@@ -48,7 +48,11 @@ pub struct Announcer {
 
 /// The queue and the announcer that empties it onto the presence channel.
 pub fn channel(redis: Pool, keys: &Keys) -> (Announcements, Announcer) {
-    let (tx, rx) = mpsc::channel(QUEUE);
+    channel_of(redis, keys, QUEUE)
+}
+
+fn channel_of(redis: Pool, keys: &Keys, capacity: usize) -> (Announcements, Announcer) {
+    let (tx, rx) = mpsc::channel(capacity);
     (Announcements(tx), Announcer { redis, channel: keys.presence_channel(), rx: Arc::new(Mutex::new(rx)) })
 }
 
@@ -143,5 +147,40 @@ mod tests {
         }
         let expected: Vec<(String, bool)> = users[..10].iter().map(|u| (u.clone(), false)).collect();
         assert_eq!(last, expected, "the changes queued at the stop, in order");
+    }
+
+    /// While the queue is full (Redis slow or down), a change is dropped at once, never
+    /// waited for; those queued before it still go out, in order.
+    #[tokio::test]
+    async fn a_full_queue_drops_changes_without_waiting() {
+        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+        let keys = Keys::new(format!("ut-announcer-{:08x}", rand::random::<u32>()));
+        let subscriber = herald_shared::redis::builder(&url, &Default::default(), Duration::from_secs(3))
+            .expect("a builder")
+            .build_subscriber_client()
+            .expect("a subscriber");
+        subscriber.init().await.expect("connected");
+        let mut messages = subscriber.message_rx();
+        subscriber.subscribe(keys.presence_channel()).await.expect("subscribed");
+
+        // No announcer running yet: the queue of 3 fills, the next two are dropped.
+        let (announcements, announcer) = channel_of(redis, &keys, 3);
+        let started = std::time::Instant::now();
+        for i in 0..5 {
+            let state = PresenceState { user: format!("u{i}"), online: true, last_seen: None };
+            announcements.announce(PresenceChange { tenant: "t".into(), state });
+        }
+        assert!(started.elapsed() < Duration::from_secs(1), "announcing never waits for room");
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(announcer.run(cancel.clone()));
+        let msg = tokio::time::timeout(Duration::from_secs(5), messages.recv()).await.expect("in time").unwrap();
+        let env: NodeEnvelope = serde_json::from_str(&msg.value.as_string().unwrap()).expect("an envelope");
+        let users: Vec<String> = env.presence.into_iter().map(|c| c.state.user).collect();
+        assert_eq!(users, ["u0", "u1", "u2"], "the queued changes, the dropped ones not");
+        cancel.cancel();
+        running.await.unwrap();
+        let more = tokio::time::timeout(Duration::from_millis(300), messages.recv()).await;
+        assert!(more.is_err(), "nothing else was published: {more:?}");
     }
 }

@@ -16,7 +16,8 @@
 //!   [`identity`] (tokens' key sets and revocations), [`watermarks`] (their flusher),
 //!   [`delivered`] (delivered positions' flusher), [`notices`] (the node and presence
 //!   channels), [`typing`] (typing indicators relayed), [`roster`] (presence announced,
-//!   through the node's [`announcer`], and read). [`status`] (a message's status per recipient) sits with the leaves.
+//!   through the node's [`announcer`], and read). [`status`] (a message's status per
+//!   recipient) sits with the leaves.
 //! - [`session`]: one WebSocket session.
 //! - [`state`]: the services bundled for the handlers; [`api`]: the HTTP handlers and
 //!   the WebSocket upgrade.

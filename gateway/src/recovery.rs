@@ -235,7 +235,7 @@ mod tests {
     async fn recovery() -> Recovery {
         let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
         Recovery {
-            // Never reached: the watermarks below are given.
+            // Unreachable: a watermark not given cannot be read.
             db: herald_shared::db::pool("mysql://nobody@127.0.0.1:1/none", 1, None).expect("lazy pool"),
             redis: herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis"),
             keys: Keys::new(format!("ut-recovery-{:08x}", rand::random::<u32>())),
@@ -293,5 +293,24 @@ mod tests {
         let marker: Option<String> = client.hget(&devs, epoch_marker("phone")).await.unwrap();
         assert_eq!(marker.as_deref(), Some("e2"));
         let _: i64 = client.del(vec![devs, pending, r.keys.overflow("t", "alice")]).await.unwrap();
+    }
+
+    /// A device whose watermark cannot be read (MySQL down) gets no band, and its set is
+    /// not marked trusted: its next start tries again instead of trusting a set that
+    /// may lack messages. Its registry entry is written all the same.
+    #[tokio::test]
+    async fn a_set_is_not_trusted_when_its_watermark_cannot_be_read() {
+        let r = recovery().await;
+        let d = DeviceKey::new("t", "bob", "phone");
+        let failed = r.ensure_pending(&d, "e1", None, Some("web")).await;
+        assert!(matches!(failed, Err(RecoveryError::Db(_))), "{failed:?}");
+        let client = r.redis.next();
+        let devs = r.keys.devices("t", "bob");
+        let (platform, marker): (Option<String>, Option<String>) =
+            (client.hget(&devs, "phone").await.unwrap(), client.hget(&devs, epoch_marker("phone")).await.unwrap());
+        assert_eq!(platform.as_deref(), Some("web"));
+        assert_eq!(marker, None, "not trusted");
+        assert_eq!(r.band(&d).await.unwrap(), None, "no band");
+        let _: i64 = client.del(devs).await.unwrap();
     }
 }
