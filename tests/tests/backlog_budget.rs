@@ -96,3 +96,55 @@ async fn a_congested_node_cuts_its_backlog_budget_and_grows_it_back_while_in_use
     carol.stop().await;
     bob.stop().await;
 }
+
+/// Sessions that wait for the node's budget wait in line: each is woken when its turn is
+/// served, not all of them whenever a page's tokens come (a storm of 5 000 devices woke
+/// about ten sessions in vain per message pushed). Counted, not timed: the reads held
+/// for the budget (`herald_backlog_throttled_total`) against the pages read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_waiting_for_the_budget_are_woken_in_turn() {
+    const DEVICES: usize = 100;
+    const BACKLOG: usize = 100;
+    const PAGE: usize = 20;
+    let mut c = Cluster::new("budget-line");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[
+        // A fixed node rate far below what the sessions would take together.
+        ("HERALD_GATEWAY__BACKLOG_RATE_NODE", "2000"),
+        ("HERALD_GATEWAY__BACKLOG_RATE_NODE_FLOOR", "2000"),
+        ("HERALD_GATEWAY__BACKLOG_RATE_DESKTOP", "100000"),
+        ("HERALD_GATEWAY__BACKLOG_PAGE_DESKTOP", "20"),
+        ("HERALD_GATEWAY__BACKLOG_LAG_TARGET_MS", "10000"),
+        ("HERALD_GATEWAY__BACKLOG_REALTIME_TARGET_MS", "60000"),
+    ])
+    .await;
+    let (base, admin) = (c.gateways[0].base_url(), c.gateways[0].admin_url());
+    let users: Vec<String> = (0..DEVICES).map(|d| format!("u{d}")).collect();
+    let tokens: Vec<String> = users.iter().map(|u| c.token(u, "d")).collect();
+    // Each device known to the gateway, then offline with a backlog of its own.
+    let known = users.iter().zip(&tokens).map(|(u, t)| AutoDevice::connect(&base, t, u, "d"));
+    for dev in futures::future::join_all(known).await {
+        dev.stop().await;
+    }
+    for (d, u) in users.iter().enumerate() {
+        let ids: Vec<u64> = (0..BACKLOG as u64).map(|k| (1u64 << 62) + (d * BACKLOG) as u64 + k).collect();
+        fill_backlog(&c, u, "d", &format!("c{d}"), Fill::Written { ids: &ids }).await;
+    }
+    let held_before = metric(&admin, "herald_backlog_throttled_total").await;
+    let storm = users.iter().zip(&tokens).map(|(u, t)| AutoDevice::connect(&base, t, u, "d"));
+    let devices = futures::future::join_all(storm).await;
+    eventually(Duration::from_secs(120), "every backlog delivered", || {
+        let done = devices.iter().all(|d| d.ids().len() == BACKLOG);
+        async move { done.then_some(()) }
+    })
+    .await;
+    let held = metric(&admin, "herald_backlog_throttled_total").await - held_before;
+    let pages = (DEVICES * BACKLOG / PAGE) as f64;
+    // A read waits at most twice per page (its turn, and a look of its own if the
+    // turn is late); with every session woken per page's tokens it was about
+    // DEVICES / 2 per page.
+    assert!(held <= 2.0 * pages, "{held} reads held for the budget for {pages} pages");
+    for d in devices {
+        d.stop().await;
+    }
+}

@@ -10,12 +10,15 @@
 //! `gateway.backlog_rate_node_floor` and `gateway.backlog_rate_node`.
 //!
 //! # Layout
-//! - `bucket`: [`BacklogBudget`], a token bucket whose rate can change.
+//! - `bucket`: [`BacklogBudget`], a token bucket whose rate can change, with the line
+//!   of sessions waiting for it.
+//! - `turn`: [`Turn`], a session's place in that line.
 //! - [`aimd`]: the control law as a plain state machine.
 //! - this module: the realtime signal and the controller's loop.
 
 pub mod aimd;
 mod bucket;
+mod turn;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use aimd::{Aimd, Signals, Targets};
 pub use bucket::BacklogBudget;
+pub use turn::{served, Turn};
 
 /// The probe timer's period: short enough to see lag within a tick, long enough to cost
 /// nothing (100 wake-ups a second).
@@ -90,8 +94,9 @@ impl BudgetController {
         BudgetController { budget, realtime, targets, floor, ceiling }
     }
 
-    /// Probes the lag every 10 ms and sets the rate every 100 ms, until cancelled. A
-    /// restarted loop goes on from the rate the budget has.
+    /// Probes the lag every 10 ms, serving the budget's line each time, and sets the
+    /// rate every 100 ms, until cancelled. A restarted loop goes on from the rate the
+    /// budget has.
     pub async fn run(self, cancel: CancellationToken) {
         let budget = &self.budget;
         let mut aimd = Aimd::new(self.floor, self.ceiling, budget.rate());
@@ -104,6 +109,7 @@ impl BudgetController {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(PROBE_EVERY) => {}
             }
+            budget.serve();
             let now = Instant::now();
             let lag = now.duration_since(asleep).saturating_sub(PROBE_EVERY);
             metrics::histogram!("herald_event_loop_lag_seconds").record(lag.as_secs_f64());
@@ -156,7 +162,8 @@ mod tests {
     /// Sessions taking all the budget there is, for `ticks` ticks.
     async fn busy(budget: &BacklogBudget, ticks: u32) {
         for _ in 0..ticks * 10 {
-            while budget.take(50).is_ok() {}
+            // A turn let go of at once: the line drops it untaken.
+            while budget.take_or_wait(50).is_ok() {}
             tokio::time::sleep(PROBE_EVERY).await;
         }
     }

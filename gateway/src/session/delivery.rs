@@ -23,6 +23,13 @@ const ACK_RETRY: Duration = Duration::from_secs(1);
 /// How long a session waits for its acks' removals before it reads a backlog page or
 /// says `caught_up`; past it the removals go on in the writer, and the read fails.
 const ACK_WAIT: Duration = Duration::from_secs(5);
+/// How long past its expected turn a session waiting in the node budget's line looks
+/// again by itself: the budget's controller serves the line every 10 ms and wakes it
+/// first, unless the controller is late or the rate was cut.
+const TURN_FALLBACK: Duration = Duration::from_millis(100);
+/// The longest a session waiting in that line sleeps before it looks again: a turn is
+/// served sooner than expected when the rate is raised or sessions ahead leave.
+const TURN_LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// The acks a session handed over are not recorded (yet).
 #[derive(Debug, thiserror::Error)]
@@ -142,19 +149,32 @@ where
 
     /// Pace, before a read of up to `want` messages: the device's bucket is paid for
     /// what the last pages pushed, then what the read is expected to push (a page when
-    /// unknown) is reserved from the node's budget, so a storm's reads wait their turn;
-    /// the read settles for what it pushed. A session with nothing waiting reserves
-    /// nothing: a login storm of such sessions takes none of the node's budget. The
-    /// reservation, or the wait when a bucket cannot pay yet.
+    /// unknown) is reserved from the node's budget, so a storm's reads wait their turn
+    /// in its line; the read settles for what it pushed. A session with nothing waiting
+    /// reserves nothing: a login storm of such sessions takes none of the node's budget.
+    /// The reservation, or the wait when a bucket cannot pay yet (for the node's budget,
+    /// a fallback: the session is woken when its turn is served).
     fn pay_for_backlog(&mut self, want: usize) -> Result<usize, Duration> {
         let owed = self.backlog.owed();
         if owed > 0 {
             crate::limits::take(&self.backlog_bucket, owed as usize)?;
             self.backlog.paid();
         }
+        // A turn in the node budget's line: its tokens are taken once it is served (the
+        // session is woken then); until then the read waits on.
+        if let Some(turn) = self.budget_turn.take() {
+            if turn.is_served() {
+                return Ok(turn.tokens());
+            }
+            self.budget_turn = Some(turn);
+            return Err(self.env.limits.backlog.line_wait().min(TURN_LOOK_EVERY) + TURN_FALLBACK);
+        }
         let reserved = self.backlog.reservation(want);
         if reserved > 0 {
-            self.env.limits.backlog.take(reserved)?;
+            if let Err((turn, wait)) = self.env.limits.backlog.take_or_wait(reserved) {
+                self.budget_turn = Some(turn);
+                return Err(wait.min(TURN_LOOK_EVERY) + TURN_FALLBACK);
+            }
         }
         Ok(reserved)
     }

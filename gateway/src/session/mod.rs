@@ -212,6 +212,8 @@ pub struct Session<S> {
     /// Its acks' removals handed to the node's ack writer and not yet done.
     ack_tally: Arc<Tally>,
     backlog: BacklogPager,
+    /// Its place in the line for the node's backlog budget, while it waits there.
+    budget_turn: Option<Arc<crate::budget::Turn>>,
     backlog_bucket: DefaultDirectRateLimiter,
     send_bucket: DefaultDirectRateLimiter,
     /// The Redis epoch this session's pending set was checked against.
@@ -296,6 +298,7 @@ where
             inflight: Inflight::new(g.inflight_window),
             heartbeat: Heartbeat::new(ms(g.heartbeat_ms), ms(g.ack_timeout_ms), ms(g.ack_probe_ms), now),
             backlog: BacklogPager::new(page_size),
+            budget_turn: None,
             presence: Presence::new(
                 &env.keys,
                 &device,
@@ -379,6 +382,10 @@ where
                 // Dropped pushes are still pending in Redis: read the set again.
                 self.backlog.restart();
             }
+            if self.budget_turn.as_ref().is_some_and(|t| t.is_served()) {
+                // Its turn was served while the session was busy: the read may go.
+                self.backlog.resume();
+            }
             if let ControlFlow::Break(end) = self.read_backlog().await {
                 return end;
             }
@@ -400,6 +407,12 @@ where
                 // After pushes and the device's own frames: typing and presence wait,
                 // and are dropped when their queue fills (gateway.ephemeral_queue).
                 e = mailbox.next_ephemeral() => Box::pin(self.on_ephemeral(e)).await,
+                // Its turn for the node's backlog budget came: the next page may go. (A
+                // turn already served waits for the read that uses it.)
+                () = crate::budget::served(&self.budget_turn), if self.budget_turn.as_ref().is_some_and(|t| !t.is_served()) => {
+                    self.backlog.resume();
+                    ControlFlow::Continue(())
+                }
                 Ok(()) = epochs.changed() => Box::pin(self.check_epoch()).await,
             };
             if let ControlFlow::Break(end) = flow {
