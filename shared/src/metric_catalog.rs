@@ -147,7 +147,7 @@ pub const METRICS: &[Metric] = &[
         "Dead gateway nodes whose presence entries this gateway cleared and whose users it announced offline.",
     ),
     counter("herald_heartbeat_timeouts_total", "Sessions closed for missing heartbeats."),
-    counter("herald_backlog_throttled_total", "Backlog pages delayed by the per-device or per-node backlog rate."),
+    counter("herald_backlog_throttled_total", "Backlog reads held by the per-device rate or waiting in the node budget's line."),
     gauge(
         "herald_backlog_budget_per_second",
         "The node's adaptive backlog budget, in messages per second (AIMD between its floor and ceiling).",
