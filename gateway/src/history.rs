@@ -43,6 +43,9 @@ pub struct Page {
     pub start_seq: Option<u64>,
 }
 
+/// Frames read by one MGET at most (a desktop page is 200).
+const FRAMES_PER_MGET: usize = 256;
+
 const MESSAGE_COLUMNS: &str = "msg.id, msg.conv_id, msg.seq, msg.sender_id, msg.client_msg_id, msg.created_at, \
      msg.body, msg.event, msg.edited_seq, msg.recalled_seq";
 
@@ -210,20 +213,36 @@ impl History {
         if ids.is_empty() {
             return Ok(out);
         }
-        let pipe = self.redis.next().pipeline();
-        for id in ids {
-            let _: Result<(), _> = pipe.get::<(), _>(self.keys.message(*id)).await;
+        // One MGET per cluster slot (one for the page on a single Redis), in one pipeline.
+        let client = self.redis.next();
+        let mut keys: Vec<String> = ids.iter().map(|id| self.keys.message(*id)).collect();
+        let calls = herald_shared::redis::calls_by_slot(
+            keys.iter().map(|k| (k.as_str(), 1)),
+            client.is_clustered(),
+            FRAMES_PER_MGET,
+        );
+        let pipe = client.pipeline();
+        for call in &calls {
+            let call_keys: Vec<String> = call.iter().map(|&i| std::mem::take(&mut keys[i])).collect();
+            let _: Result<(), _> = pipe.mget::<(), _>(call_keys).await;
         }
         // A pipeline that failed as a whole (a timeout) answers with fewer results than
         // commands: every id without its own frame is read from MySQL, none is skipped.
-        let mut results = pipe.try_all::<Option<String>>().await.into_iter();
+        let mut results = pipe.try_all::<Vec<Option<String>>>().await.into_iter();
         let mut missing = Vec::new();
-        for id in ids {
+        for call in &calls {
             match results.next() {
-                Some(Ok(Some(frame))) => {
-                    out.insert(*id, frame);
+                Some(Ok(frames)) if frames.len() == call.len() => {
+                    for (&i, frame) in call.iter().zip(frames) {
+                        match frame {
+                            Some(frame) => {
+                                out.insert(ids[i], frame);
+                            }
+                            None => missing.push(ids[i]),
+                        }
+                    }
                 }
-                _ => missing.push(*id),
+                _ => missing.extend(call.iter().map(|&i| ids[i])),
             }
         }
         if !missing.is_empty() {
