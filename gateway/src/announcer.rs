@@ -98,11 +98,10 @@ mod tests {
     use fred::prelude::*;
     use herald_shared::protocol::PresenceState;
 
-    /// Changes handed over while a PUBLISH is under way go out together, in their
-    /// order, none lost: 500 changes reach a subscriber in far fewer messages (before,
-    /// a PUBLISH each).
-    #[tokio::test]
-    async fn changes_go_out_together_in_their_order() {
+    /// The test Redis, a fresh prefix, and a subscriber to its presence channel (kept
+    /// alive by the caller) with its messages.
+    async fn listening(
+    ) -> (Pool, Keys, fred::clients::SubscriberClient, tokio::sync::broadcast::Receiver<fred::types::Message>) {
         let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
         let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
         let keys = Keys::new(format!("ut-announcer-{:08x}", rand::random::<u32>()));
@@ -111,8 +110,17 @@ mod tests {
             .build_subscriber_client()
             .expect("a subscriber");
         subscriber.init().await.expect("connected");
-        let mut messages = subscriber.message_rx();
+        let messages = subscriber.message_rx();
         subscriber.subscribe(keys.presence_channel()).await.expect("subscribed");
+        (redis, keys, subscriber, messages)
+    }
+
+    /// Changes handed over while a PUBLISH is under way go out together, in their
+    /// order, none lost: 500 changes reach a subscriber in far fewer messages (before,
+    /// a PUBLISH each).
+    #[tokio::test]
+    async fn changes_go_out_together_in_their_order() {
+        let (redis, keys, _subscriber, mut messages) = listening().await;
 
         let (announcements, announcer) = channel(redis, &keys);
         let cancel = CancellationToken::new();
@@ -153,16 +161,7 @@ mod tests {
     /// waited for; those queued before it still go out, in order.
     #[tokio::test]
     async fn a_full_queue_drops_changes_without_waiting() {
-        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
-        let keys = Keys::new(format!("ut-announcer-{:08x}", rand::random::<u32>()));
-        let subscriber = herald_shared::redis::builder(&url, &Default::default(), Duration::from_secs(3))
-            .expect("a builder")
-            .build_subscriber_client()
-            .expect("a subscriber");
-        subscriber.init().await.expect("connected");
-        let mut messages = subscriber.message_rx();
-        subscriber.subscribe(keys.presence_channel()).await.expect("subscribed");
+        let (redis, keys, _subscriber, mut messages) = listening().await;
 
         // No announcer running yet: the queue of 3 fills, the next two are dropped.
         let (announcements, announcer) = channel_of(redis, &keys, 3);

@@ -299,3 +299,45 @@ pub fn check_limit(limit: Option<u32>, default: u32, max: u32) -> ApiResult<u32>
     }
     Ok(limit)
 }
+
+#[cfg(test)]
+mod tests {
+    use herald_shared::db::ScratchDb;
+
+    use super::*;
+
+    /// A page's frames: those in Redis are taken from there (whatever slot call they
+    /// came in), each under its own id; the one gone from Redis is rebuilt from MySQL;
+    /// the one in neither is absent, for the caller to drop as stale.
+    #[tokio::test]
+    async fn frames_come_from_redis_by_id_and_the_missing_from_mysql() {
+        let scratch = ScratchDb::create("frames").await.expect("a fresh schema");
+        let db = herald_shared::db::pool(&scratch.url, 1, None).expect("pool");
+        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+        let keys = Keys::new(format!("ut-frames-{:08x}", rand::random::<u32>()));
+        let history =
+            History { db: db.clone(), redis: redis.clone(), keys: keys.clone(), page_bytes: 1 << 20, settle_ms: 0 };
+        for id in [1u64, 3, 5] {
+            let _: () =
+                redis.next().set(keys.message(MsgId(id)), format!("redis {id}"), None, None, false).await.unwrap();
+        }
+        sqlx::query(
+            "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at) \
+             VALUES (2, 't', 'c', 2, 'alice', 'a1', 'm2', '{\"n\":2}', 1)",
+        )
+        .execute(&db)
+        .await
+        .expect("a committed message");
+        let frames = history.frames(&[MsgId(5), MsgId(1), MsgId(2), MsgId(4), MsgId(3)]).await.expect("read");
+        for id in [1u64, 3, 5] {
+            assert_eq!(frames.get(&MsgId(id)).map(String::as_str), Some(format!("redis {id}").as_str()));
+        }
+        let rebuilt: serde_json::Value = serde_json::from_str(&frames[&MsgId(2)]).expect("a frame");
+        assert_eq!((rebuilt["id"].as_str(), rebuilt["seq"].as_u64()), (Some("2"), Some(2)), "{rebuilt}");
+        assert!(!frames.contains_key(&MsgId(4)), "in neither");
+        assert_eq!(frames.len(), 4);
+        db.close().await;
+        scratch.remove().await;
+    }
+}

@@ -122,6 +122,12 @@ impl BacklogBudget {
     fn serve_locked(&self, mut b: std::sync::MutexGuard<'_, Bucket>) {
         let mut woken = Vec::new();
         let taken = b.serve_line(&mut woken);
+        self.release(b, taken, woken);
+    }
+
+    /// Lets the bucket go, counts what was taken under it, then wakes the sessions
+    /// served (outside the lock).
+    fn release(&self, b: std::sync::MutexGuard<'_, Bucket>, taken: u64, woken: Vec<Waker>) {
         drop(b);
         self.taken.fetch_add(taken, Ordering::Relaxed);
         woken.into_iter().for_each(Waker::wake);
@@ -171,9 +177,7 @@ impl BacklogBudget {
             b.queued += wanted;
             Err((turn, Duration::from_secs_f64((b.queued - b.tokens).max(0.0) / b.rate)))
         };
-        drop(b);
-        self.taken.fetch_add(taken, Ordering::Relaxed);
-        woken.into_iter().for_each(Waker::wake);
+        self.release(b, taken, woken);
         result
     }
 
