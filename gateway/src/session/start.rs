@@ -85,7 +85,12 @@ where
         let page_size = self.backlog.page_size();
         let after = MsgId(band.low.0.saturating_sub(1));
         let _turn = self.env.recovery.start_reads.acquire().await.expect("never closed");
-        let page = self.env.history.band(&self.device, after, band.high, page_size as u32).await?;
+        let history = &self.env.history;
+        let page = if history.band_may_hold(&self.device, after, band.high).await? {
+            history.band(&self.device, after, band.high, page_size as u32).await?
+        } else {
+            Vec::new()
+        };
         let in_band = if page.len() < page_size {
             page.len() as u64
         } else {
