@@ -86,7 +86,7 @@ where
         let after = MsgId(band.low.0.saturating_sub(1));
         let _turn = self.env.recovery.start_reads.acquire().await.expect("never closed");
         let history = &self.env.history;
-        let page = if history.band_may_hold(&self.device, after, band.high).await? {
+        let page = if history.band_may_hold(&self.device, after).await? {
             history.band(&self.device, after, band.high, page_size as u32).await?
         } else {
             Vec::new()
