@@ -329,18 +329,24 @@ mod tests {
 
     use super::*;
 
+    /// A history over a fresh schema (one connection: a test may read its session's
+    /// counters) and the test Redis under a prefix of its own.
+    async fn scratch_history(name: &str) -> (ScratchDb, History) {
+        let scratch = ScratchDb::create(name).await.expect("a fresh schema");
+        let db = herald_shared::db::pool(&scratch.url, 1, None).expect("pool");
+        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+        let keys = Keys::new(format!("ut-{name}-{:08x}", rand::random::<u32>()));
+        (scratch, History { db, redis, keys, page_bytes: 1 << 20, settle_ms: 0 })
+    }
+
     /// A page's frames: those in Redis are taken from there (whatever slot call they
     /// came in), each under its own id; the one gone from Redis is rebuilt from MySQL;
     /// the one in neither is absent, for the caller to drop as stale.
     #[tokio::test]
     async fn frames_come_from_redis_by_id_and_the_missing_from_mysql() {
-        let scratch = ScratchDb::create("frames").await.expect("a fresh schema");
-        let db = herald_shared::db::pool(&scratch.url, 1, None).expect("pool");
-        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
-        let keys = Keys::new(format!("ut-frames-{:08x}", rand::random::<u32>()));
-        let history =
-            History { db: db.clone(), redis: redis.clone(), keys: keys.clone(), page_bytes: 1 << 20, settle_ms: 0 };
+        let (scratch, history) = scratch_history("frames").await;
+        let History { db, redis, keys, .. } = history.clone();
         for id in [1u64, 3, 5] {
             let _: () =
                 redis.next().set(keys.message(MsgId(id)), format!("redis {id}"), None, None, false).await.unwrap();
@@ -369,12 +375,8 @@ mod tests {
     /// nothing else, and whenever it says no, the band's own query finds nothing either.
     #[tokio::test]
     async fn a_band_is_read_only_where_the_users_conversations_have_newer_messages() {
-        let scratch = ScratchDb::create("bandhold").await.expect("a fresh schema");
-        let db = herald_shared::db::pool(&scratch.url, 1, None).expect("pool");
-        let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
-        let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
-        let keys = Keys::new(format!("ut-band-{:08x}", rand::random::<u32>()));
-        let history = History { db: db.clone(), redis, keys, page_bytes: 1 << 20, settle_ms: 0 };
+        let (scratch, history) = scratch_history("bandhold").await;
+        let db = history.db.clone();
         sqlx::query(
             "INSERT INTO members (tenant_id, conv_id, user_id, joined_seq, left_seq, joined_at) VALUES \
              ('t', 'c', 'alice', 0, NULL, 0), ('t', 'gone', 'alice', 0, 5, 0), ('t', 'other', 'bob', 0, NULL, 0)",
