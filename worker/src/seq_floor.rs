@@ -28,35 +28,60 @@ pub const SEEN_TTL_S: i64 = 7 * 24 * 3600;
 /// a cache of the Redis keys).
 const REMEMBERED: usize = 100_000;
 
-/// (tenant, conversation).
-pub type ConvKey = (String, String);
-
 #[derive(Debug)]
 pub struct SeqFloors {
     redis: Pool,
     keys: Keys,
     /// The highest seq this process committed or read for a conversation.
-    known: Mutex<HashMap<ConvKey, u64>>,
+    known: Mutex<Remembered>,
+}
+
+/// The remembered seqs by tenant, then conversation: looked up by borrowed names, so a
+/// commit allocates nothing for the conversations already known (nearly all of them).
+#[derive(Debug, Default)]
+struct Remembered {
+    by_tenant: HashMap<String, HashMap<String, u64>>,
+    len: usize,
+}
+
+impl Remembered {
+    fn get(&self, tenant: &str, conv: &str) -> Option<u64> {
+        self.by_tenant.get(tenant)?.get(conv).copied()
+    }
+
+    /// Keeps the higher of `seq` and what is remembered; past [`REMEMBERED`]
+    /// conversations the memory starts again empty.
+    fn raise(&mut self, tenant: &str, conv: &str, seq: u64) {
+        if let Some(known) = self.by_tenant.get_mut(tenant).and_then(|convs| convs.get_mut(conv)) {
+            *known = (*known).max(seq);
+            return;
+        }
+        if self.len >= REMEMBERED {
+            self.by_tenant.clear();
+            self.len = 0;
+        }
+        self.by_tenant.entry(tenant.to_owned()).or_default().insert(conv.to_owned(), seq);
+        self.len += 1;
+    }
 }
 
 impl SeqFloors {
     pub fn new(redis: Pool, keys: Keys) -> SeqFloors {
-        SeqFloors { redis, keys, known: Mutex::new(HashMap::new()) }
+        SeqFloors { redis, keys, known: Mutex::new(Remembered::default()) }
     }
 
-    /// The highest seq seen of each conversation, from memory or else from Redis (one
-    /// pipeline of GETs for those not in memory); 0 when none is known.
-    async fn floors(&self, convs: &[(&str, &str)]) -> Result<HashMap<ConvKey, u64>, Error> {
-        let mut out = HashMap::with_capacity(convs.len());
+    /// The highest seq seen of each conversation of `convs`, in their order, from memory
+    /// or else from Redis (one pipeline of GETs for those not in memory); 0 when none is
+    /// known.
+    async fn floors(&self, convs: &[(&str, &str)]) -> Result<Vec<u64>, Error> {
+        let mut out = vec![0; convs.len()];
         let mut missing = Vec::new();
         {
             let known = self.known.lock().expect("seq floors");
-            for &(t, c) in convs {
-                match known.get(&(t.to_owned(), c.to_owned())) {
-                    Some(&seq) => {
-                        out.insert((t.to_owned(), c.to_owned()), seq);
-                    }
-                    None => missing.push((t, c)),
+            for (i, &(t, c)) in convs.iter().enumerate() {
+                match known.get(t, c) {
+                    Some(seq) => out[i] = seq,
+                    None => missing.push(i),
                 }
             }
         }
@@ -64,14 +89,15 @@ impl SeqFloors {
             return Ok(out);
         }
         let pipe = self.redis.next().pipeline();
-        for &(t, c) in &missing {
+        for &i in &missing {
+            let (t, c) = convs[i];
             let _: () = pipe.get(self.keys.seq_seen(t, c)).await?;
         }
         let seen: Vec<Option<u64>> = pipe.all().await?;
-        for (&(t, c), seq) in missing.iter().zip(seen) {
-            let seq = seq.unwrap_or(0);
-            out.insert((t.to_owned(), c.to_owned()), seq);
-            self.remember(t, c, seq);
+        for (&i, seq) in missing.iter().zip(seen) {
+            let (t, c) = convs[i];
+            out[i] = seq.unwrap_or(0);
+            self.remember(t, c, out[i]);
         }
         Ok(out)
     }
@@ -101,15 +127,10 @@ impl SeqFloors {
             Err(e) => {
                 tracing::warn!(error = %e, "seq floors unread (Redis); numbering from MySQL and this process's memory");
                 let known = self.known.lock().expect("seq floors");
-                wanted
-                    .iter()
-                    .filter_map(|&(t, c)| known.get_key_value(&(t.to_owned(), c.to_owned())))
-                    .map(|(k, v)| (k.clone(), *v))
-                    .collect()
+                wanted.iter().map(|&(t, c)| known.get(t, c).unwrap_or(0)).collect()
             }
         };
-        for (t, c, last_seq) in &mut convs {
-            let floor = floors.get(&(t.to_string(), c.to_string())).copied().unwrap_or(0);
+        for ((t, c, last_seq), floor) in convs.iter_mut().zip(floors) {
             **last_seq = past_floor(t, c, **last_seq, floor);
         }
         Ok(())
@@ -117,12 +138,7 @@ impl SeqFloors {
 
     /// Remembers a seq this process committed.
     pub fn remember(&self, tenant: &str, conv: &str, seq: u64) {
-        let mut known = self.known.lock().expect("seq floors");
-        if known.len() >= REMEMBERED {
-            known.clear();
-        }
-        let e = known.entry((tenant.to_owned(), conv.to_owned())).or_insert(0);
-        *e = (*e).max(seq);
+        self.known.lock().expect("seq floors").raise(tenant, conv, seq);
     }
 
     /// Raises the seen seq of the conversations of `msgs` in Redis, before their
@@ -209,6 +225,22 @@ pub fn past_floor(tenant: &str, conv: &str, last_seq: u64, floor: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_keeps_each_conversations_highest_seq_within_its_bound() {
+        let mut known = Remembered::default();
+        known.raise("t", "a", 5);
+        known.raise("t", "a", 3);
+        known.raise("u", "a", 2);
+        assert_eq!(known.get("t", "a"), Some(5), "never lowered");
+        assert_eq!(known.get("u", "a"), Some(2), "tenants apart");
+        assert_eq!(known.get("t", "b"), None);
+        for i in 0..REMEMBERED {
+            known.raise("t", &format!("c{i}"), 1);
+        }
+        assert!(known.len <= REMEMBERED, "bounded: {}", known.len);
+        assert_eq!(known.get("t", "a"), None, "past the bound the memory starts again");
+    }
 
     #[test]
     fn only_a_floor_above_last_seq_moves_it() {
