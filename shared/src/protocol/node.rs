@@ -194,7 +194,11 @@ pub fn read_field(conv: &str, reader: &str) -> String {
 /// What a worker tells a gateway node about one request: its answer, and which request
 /// it answers besides the id, so that a gateway never hands it to another request that
 /// happens to have the same id (an earlier life of the node, say).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+///
+/// Read by hand (below), not derived: serde reads a `flatten`ed field by first copying
+/// every field of the object into a buffer of its own values, and a gateway reads one
+/// notice per message it answers.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct SendNotice {
     pub rid: u64,
     /// Absent in notices of workers older than this field.
@@ -202,6 +206,77 @@ pub struct SendNotice {
     pub echo: Option<Echo>,
     #[serde(flatten)]
     pub outcome: SendOutcome,
+}
+
+impl<'de> Deserialize<'de> for SendNotice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(SendNoticeVisitor)
+    }
+}
+
+/// The fields of a [`SendOutcome`] variant with named fields, as they travel.
+#[derive(Deserialize)]
+struct ReadFields {
+    conv: String,
+    read_seq: u64,
+}
+
+#[derive(Deserialize)]
+struct ErrFields {
+    code: ErrorCode,
+    message: String,
+}
+
+/// A notice's fields in one pass: `rid`, `echo`, and the outcome under its variant's
+/// name (`ok`, `read`, `timeline` or `err`), as the derived form wrote them; other
+/// fields are skipped, as the derived form did.
+struct SendNoticeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for SendNoticeVisitor {
+    type Value = SendNotice;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a send notice: rid, echo and one of ok, read, timeline, err")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<SendNotice, A::Error> {
+        use serde::de::Error;
+        let (mut rid, mut echo, mut outcome) = (None, None, None);
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let read = match key.as_ref() {
+                "rid" => {
+                    rid = Some(map.next_value()?);
+                    continue;
+                }
+                "echo" => {
+                    echo = map.next_value()?;
+                    continue;
+                }
+                "ok" => SendOutcome::Ok(map.next_value()?),
+                "read" => {
+                    let r: ReadFields = map.next_value()?;
+                    SendOutcome::Read { conv: r.conv, read_seq: r.read_seq }
+                }
+                "timeline" => SendOutcome::Timeline(map.next_value()?),
+                "err" => {
+                    let e: ErrFields = map.next_value()?;
+                    SendOutcome::Err { code: e.code, message: e.message }
+                }
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    continue;
+                }
+            };
+            if outcome.replace(read).is_some() {
+                return Err(A::Error::custom("a send notice has one outcome"));
+            }
+        }
+        Ok(SendNotice {
+            rid: rid.ok_or_else(|| A::Error::missing_field("rid"))?,
+            echo,
+            outcome: outcome.ok_or_else(|| A::Error::custom("a send notice needs one of ok, read, timeline, err"))?,
+        })
+    }
 }
 
 /// The request a notice answers: its tenant, sender, conversation and (for a send)
@@ -417,6 +492,49 @@ mod tests {
         // A notice of an older worker, without its echo, still reads.
         let old: SendNotice = serde_json::from_str(r#"{"rid":4,"err":{"code":"internal","message":"x"}}"#).unwrap();
         assert_eq!(old.echo, None);
+    }
+
+    /// The hand-written reader takes what the derived (`flatten`) one took, and refuses
+    /// what it refused.
+    #[test]
+    fn notices_read_by_hand_as_the_derived_form_read_them() {
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct Derived {
+            rid: u64,
+            #[serde(default)]
+            echo: Option<Echo>,
+            #[serde(flatten)]
+            outcome: SendOutcome,
+        }
+        let result = SendResult { id: MsgId(9), conv: "c".into(), seq: 3, ts: 5, dup: false };
+        let echo = Some(Echo { tenant: "t".into(), user: "u\"1".into(), conv: "c".into(), cmid: None });
+        for outcome in [
+            SendOutcome::Ok(result.clone()),
+            SendOutcome::Read { conv: "c".into(), read_seq: 7 },
+            SendOutcome::Timeline(vec![result.clone(), SendResult { dup: true, ..result.clone() }]),
+            SendOutcome::Timeline(vec![]),
+            SendOutcome::Err { code: ErrorCode::Conflict, message: "cmid reused".into() },
+        ] {
+            let n = SendNotice { rid: 11, echo: echo.clone(), outcome };
+            let s = serde_json::to_string(&n).unwrap();
+            assert_eq!(serde_json::from_str::<SendNotice>(&s).unwrap(), n, "{s}");
+        }
+        let later_field = r#"{"later":{"x":[1,2]},"ok":{"id":"9","conv":"c","seq":3,"ts":5,"dup":false},"rid":2}"#;
+        let derived: Derived = serde_json::from_str(later_field).unwrap();
+        let by_hand: SendNotice = serde_json::from_str(later_field).unwrap();
+        assert_eq!((by_hand.rid, by_hand.echo, by_hand.outcome), (derived.rid, derived.echo, derived.outcome));
+        for refused in [
+            r#"{"rid":2}"#,
+            r#"{"ok":{"id":"9","conv":"c","seq":3,"ts":5,"dup":false}}"#,
+            r#"{"rid":2,"read":{"conv":"c"}}"#,
+            r#"{"rid":"2","err":{"code":"internal","message":"x"}}"#,
+            r#"[2]"#,
+        ] {
+            assert!(serde_json::from_str::<Derived>(refused).is_err(), "the derived form took {refused}");
+            assert!(serde_json::from_str::<SendNotice>(refused).is_err(), "took {refused}");
+        }
+        let two = r#"{"rid":2,"ok":{"id":"9","conv":"c","seq":3,"ts":5,"dup":false},"err":{"code":"internal","message":"x"}}"#;
+        assert!(serde_json::from_str::<SendNotice>(two).is_err(), "two outcomes");
     }
 
     #[test]
