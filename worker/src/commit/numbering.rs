@@ -25,13 +25,16 @@ pub(super) fn number(
 ) -> Result<(BatchResult, Vec<Planned>), CommitError> {
     let mut result = BatchResult::default();
     let mut planned: Vec<Planned> = Vec::new();
-    let mut seen_in_batch: HashMap<(String, String, String), usize> = HashMap::new();
+    // Keyed by borrowed names: no copies per message.
+    let mut seen_in_batch: HashMap<(&str, &str, &str), usize> = HashMap::new();
     // (entry, earlier entry of the batch with the same cmid): answered like it.
     let mut repeats: Vec<(usize, usize)> = Vec::new();
     let mut floors = Vec::new();
     for (i, e) in entries.iter().enumerate() {
-        let dedup_key = (e.tenant.clone(), e.user.clone(), e.cmid.clone());
-        if let Some(r) = existing.get(&dedup_key) {
+        // Committed repeats are read only when looked for: most batches copy no names.
+        let repeat =
+            if existing.is_empty() { None } else { existing.get(&(e.tenant.clone(), e.user.clone(), e.cmid.clone())) };
+        if let Some(r) = repeat {
             result.outcomes.push(if r.answers(e) {
                 Outcome::Done(r.result.clone())
             } else {
@@ -40,6 +43,7 @@ pub(super) fn number(
             });
             continue;
         }
+        let dedup_key = (e.tenant.as_str(), e.user.as_str(), e.cmid.as_str());
         if let Some(&first) = seen_in_batch.get(&dedup_key) {
             // A placeholder until the first occurrence has its id (below).
             repeats.push((i, first));
