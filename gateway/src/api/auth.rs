@@ -15,11 +15,11 @@ use crate::state::AppState;
 pub struct Caller(pub Claims);
 
 /// The token from `Authorization: Bearer` or `?access_token=` (browsers' WebSockets).
-pub fn token_of(parts: &Parts) -> Option<String> {
+pub fn token_of(parts: &Parts) -> Option<&str> {
     if let Some(v) = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        return v.strip_prefix("Bearer ").map(str::to_owned);
+        return v.strip_prefix("Bearer ");
     }
-    parts.uri.query()?.split('&').find_map(|kv| kv.strip_prefix("access_token=").map(str::to_owned))
+    parts.uri.query()?.split('&').find_map(|kv| kv.strip_prefix("access_token="))
 }
 
 /// A refused token is 401; revocations that could not be read, 503 (retry).
@@ -35,7 +35,7 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let token = token_of(parts).ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "missing bearer token"))?;
-        let claims = state.sessions.identity.device_of_request(&token).await.map_err(refusal)?;
+        let claims = state.sessions.identity.device_of_request(token).await.map_err(refusal)?;
         state.devices.register(&claims).await?;
         Ok(Caller(claims))
     }

@@ -104,7 +104,7 @@ pub async fn upgrade(State(state): State<AppState>, RawParts(parts): RawParts, w
             tracker.track_future(authenticate_then_serve(state, ip, features, sessions, socket))
         });
     };
-    let admitted = match state.sessions.identity.device(&token).await {
+    let admitted = match state.sessions.identity.device(token).await {
         Ok(claims) => admit(&state, ip, &claims).await.map(|admitted| (claims, admitted)),
         Err(e) => Err(Refusal::of(e)),
     };

@@ -3,9 +3,8 @@
 //! `last_seen_at` is kept coarse (a write every few minutes, not every request), a
 //! device the janitor expired is live again when it returns, and a device that logs
 //! out is removed with all its Redis state. Devices this gateway does not know are
-//! registered in batches (`batch`).
+//! registered in batches (`batch`); those it knows, it remembers (`known`).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,10 +22,9 @@ use tokio_util::sync::CancellationToken;
 use crate::error::ApiError;
 
 mod batch;
+mod known;
 
-/// Most devices remembered as registered; past it the cache starts afresh (a miss only
-/// costs a place in the next batch).
-const KNOWN_MAX: usize = 200_000;
+use known::Known;
 
 /// Registrations waiting for their batch; past it a request waits for room.
 const QUEUE_MAX: usize = 16 * batch::BATCH_MAX;
@@ -38,7 +36,7 @@ pub struct DeviceRegistry {
     db: MySqlPool,
     redis: Pool,
     keys: Keys,
-    known: Arc<Mutex<HashMap<DeviceKey, Instant>>>,
+    known: Arc<Mutex<Known>>,
     /// How often a device's `last_seen_at` is written at most, by this gateway
     /// (`DeliveryConfig::last_seen_every`).
     seen_every: Duration,
@@ -72,11 +70,11 @@ impl DeviceRegistry {
     /// session reads the messages committed in that minute), `None` when this gateway
     /// saw the device within the write period and did not look.
     pub async fn register(&self, c: &Claims) -> Result<Option<MsgId>, ApiError> {
-        let key = DeviceKey::of(c);
-        let seen = self.known.lock().expect("device cache").get(&key).copied();
+        let seen = self.known.lock().expect("device cache").seen_at(c);
         if seen.is_some_and(|t| t.elapsed() < self.seen_every) {
             return Ok(None);
         }
+        let key = DeviceKey::of(c);
         // Queued for the next batch: a login storm waits its turn instead of holding a
         // pool connection per device (and failing once the pool's wait times out).
         let (reply, answer) = oneshot::channel();
@@ -84,11 +82,7 @@ impl DeviceRegistry {
         let gone = || ApiError::new(ErrorCode::Unavailable, "device registration unavailable; retry");
         self.queue.send(request).await.map_err(|_| gone())?;
         let watermark = answer.await.map_err(|_| gone())??;
-        let mut known = self.known.lock().expect("device cache");
-        if known.len() > KNOWN_MAX {
-            known.clear();
-        }
-        known.insert(key, Instant::now());
+        self.known.lock().expect("device cache").insert(key, Instant::now());
         Ok(Some(watermark))
     }
 

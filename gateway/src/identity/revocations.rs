@@ -27,18 +27,80 @@ const CACHE_USERS: usize = 100_000;
 /// The field of a user's hash that holds the user's own `not_before`.
 const USER_FIELD: &str = "*";
 
+/// The prefix of a device's field: `dev:<id>`.
+const DEVICE_PREFIX: &str = "dev:";
+
 fn device_field(device: &str) -> String {
-    format!("dev:{device}")
+    format!("{DEVICE_PREFIX}{device}")
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("revocations unavailable: {0}")]
 pub struct RevocationError(#[from] fred::error::Error);
 
+/// A user's hash as read: the user's own `not_before` and its devices'.
 #[derive(Debug)]
 struct Cached {
-    fields: HashMap<String, u64>,
+    user: Option<u64>,
+    devices: HashMap<String, u64>,
     at: Instant,
+}
+
+impl Cached {
+    fn of(fields: HashMap<String, u64>) -> Cached {
+        let mut cached = Cached { user: None, devices: HashMap::new(), at: Instant::now() };
+        for (field, nbf) in fields {
+            if field == USER_FIELD {
+                cached.user = Some(nbf);
+            } else if let Some(device) = field.strip_prefix(DEVICE_PREFIX) {
+                cached.devices.insert(device.to_owned(), nbf);
+            }
+        }
+        cached
+    }
+
+    /// The later of the user's and the device's `not_before`.
+    fn later(&self, device: &str) -> Option<u64> {
+        self.user.max(self.devices.get(device).copied())
+    }
+}
+
+/// Cached users by tenant and user, looked up by borrowed names (an API call copies
+/// none), with their count.
+#[derive(Debug, Default)]
+struct Cache {
+    by_tenant: HashMap<String, HashMap<String, Cached>>,
+    users: usize,
+}
+
+impl Cache {
+    fn get(&self, tenant: &str, user: &str) -> Option<&Cached> {
+        self.by_tenant.get(tenant)?.get(user)
+    }
+
+    fn insert(&mut self, tenant: &str, user: &str, cached: Cached) {
+        if self.users >= CACHE_USERS {
+            self.clear();
+        }
+        let users = self.by_tenant.entry(tenant.to_owned()).or_default();
+        if users.insert(user.to_owned(), cached).is_none() {
+            self.users += 1;
+        }
+    }
+
+    fn remove(&mut self, tenant: &str, user: &str) {
+        let Some(users) = self.by_tenant.get_mut(tenant) else { return };
+        if users.remove(user).is_some() {
+            self.users -= 1;
+        }
+        if users.is_empty() {
+            self.by_tenant.remove(tenant);
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Cache::default();
+    }
 }
 
 #[derive(Debug)]
@@ -47,7 +109,7 @@ pub struct Revocations {
     keys: Keys,
     /// How long a `not_before` is kept: the longest token lifetime, plus the leeway.
     keep_s: i64,
-    cache: Mutex<HashMap<(String, String), Cached>>,
+    cache: Mutex<Cache>,
 }
 
 impl Revocations {
@@ -58,21 +120,17 @@ impl Revocations {
     /// The `not_before` that applies to a device's tokens: the later of its user's and
     /// its own.
     pub async fn not_before(&self, tenant: &str, user: &str, device: &str) -> Result<Option<u64>, RevocationError> {
-        let key = (tenant.to_owned(), user.to_owned());
         let cached = {
             let cache = self.cache.lock().expect("revocations");
-            cache.get(&key).filter(|c| c.at.elapsed() < CACHE_FOR).map(|c| later(&c.fields, device))
+            cache.get(tenant, user).filter(|c| c.at.elapsed() < CACHE_FOR).map(|c| c.later(device))
         };
         if let Some(nbf) = cached {
             return Ok(nbf);
         }
         let fields: HashMap<String, u64> = self.redis.next().hgetall(self.keys.revocations(tenant, user)).await?;
-        let nbf = later(&fields, device);
-        let mut cache = self.cache.lock().expect("revocations");
-        if cache.len() >= CACHE_USERS {
-            cache.clear();
-        }
-        cache.insert(key, Cached { fields, at: Instant::now() });
+        let cached = Cached::of(fields);
+        let nbf = cached.later(device);
+        self.cache.lock().expect("revocations").insert(tenant, user, cached);
         Ok(nbf)
     }
 
@@ -97,7 +155,7 @@ impl Revocations {
 
     /// Drops the user's cached revocations: one was announced.
     pub fn forget(&self, tenant: &str, user: &str) {
-        self.cache.lock().expect("revocations").remove(&(tenant.to_owned(), user.to_owned()));
+        self.cache.lock().expect("revocations").remove(tenant, user);
     }
 
     /// Drops every cached revocation (announcements may have been missed).
@@ -106,23 +164,47 @@ impl Revocations {
     }
 }
 
-fn later(fields: &HashMap<String, u64>, device: &str) -> Option<u64> {
-    let user = fields.get(USER_FIELD).copied();
-    let own = fields.get(&device_field(device)).copied();
-    user.max(own)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn cached(fields: &[(&str, u64)]) -> Cached {
+        Cached::of(fields.iter().map(|&(f, n)| (f.to_owned(), n)).collect())
+    }
+
     #[test]
     fn the_later_of_the_users_and_the_devices_applies() {
-        let fields: HashMap<String, u64> = [("*".to_string(), 10), ("dev:a".to_string(), 20)].into();
-        assert_eq!(later(&fields, "a"), Some(20));
-        assert_eq!(later(&fields, "b"), Some(10));
-        assert_eq!(later(&HashMap::new(), "a"), None);
-        let only_device: HashMap<String, u64> = [("dev:a".to_string(), 5)].into();
-        assert_eq!(later(&only_device, "b"), None);
+        let both = cached(&[("*", 10), (device_field("a").as_str(), 20), ("other", 30)]);
+        assert_eq!(both.later("a"), Some(20));
+        assert_eq!(both.later("b"), Some(10), "a field that is neither the user's nor a device's is ignored");
+        assert_eq!(cached(&[]).later("a"), None);
+        let only_device = cached(&[(device_field("a").as_str(), 5)]);
+        assert_eq!(only_device.later("b"), None);
+        assert_eq!(only_device.later("dev:a"), None, "a device is named by its id, not its field");
+        assert_eq!(cached(&[("*", 40), (device_field("a").as_str(), 20)]).later("a"), Some(40));
+    }
+
+    #[test]
+    fn the_cache_finds_users_by_tenant_and_stays_within_its_bound() {
+        let mut cache = Cache::default();
+        cache.insert("t1", "u", cached(&[("*", 1)]));
+        cache.insert("t2", "u", cached(&[("*", 2)]));
+        cache.insert("t1", "u", cached(&[("*", 3)]));
+        assert_eq!(cache.users, 2, "a user cached again is one user");
+        assert_eq!(cache.get("t1", "u").map(|c| c.later("d")), Some(Some(3)));
+        assert_eq!(cache.get("t2", "u").map(|c| c.later("d")), Some(Some(2)));
+        assert!(cache.get("t1", "v").is_none() && cache.get("t3", "u").is_none());
+        cache.remove("t1", "u");
+        cache.remove("t1", "u");
+        assert!(cache.get("t1", "u").is_none());
+        assert_eq!(cache.users, 1);
+        assert!(!cache.by_tenant.contains_key("t1"), "a tenant without users is dropped");
+        for i in cache.users..CACHE_USERS {
+            cache.insert("t", &i.to_string(), cached(&[]));
+        }
+        assert_eq!(cache.users, CACHE_USERS);
+        cache.insert("t", "last", cached(&[]));
+        assert_eq!(cache.users, 1, "a full cache starts over");
+        assert!(cache.get("t", "last").is_some() && cache.get("t2", "u").is_none());
     }
 }
