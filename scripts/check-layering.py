@@ -19,7 +19,7 @@ LAYERS = {
         ["redis", "db", "auth", "mysql_server", "migration_rules", "clock"],
         ["identity"],
         ["keys", "config", "service_token"],
-        ["otel", "runtime"],
+        ["otel", "runtime", "names"],
         ["protocol", "device_state"],
         ["ops"],
         [""],

@@ -36,6 +36,7 @@ pub mod metric_catalog;
 #[cfg(test)]
 mod migration_rules;
 pub mod mysql_server;
+pub mod names;
 pub mod ops;
 pub mod otel;
 pub mod process;

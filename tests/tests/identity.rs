@@ -412,6 +412,7 @@ async fn disconnect_ends_sessions_on_both_gateways_and_the_tokens_stay_refused()
     assert_eq!(status, 200, "{body}");
     assert_eq!(closed_within(&mut bob_phone, Duration::from_secs(1)).await, Some(4004));
     assert_eq!(session(&gw0, &tok("bob", "phone")).await.err(), Some(Some(4001)));
+    assert_eq!(status_of(&gw1, &tok("bob", "phone")).await, 401, "the API refuses the device's token too");
     bob_laptop.send_json(&json!({"t": "ping"})).await.unwrap();
     assert!(bob_laptop.next_of::<herald_shared::protocol::Pong>(WAIT).await.is_some(), "bob's laptop stays");
     assert_eq!(status_of(&gw1, &tok("bob", "laptop")).await, 200);

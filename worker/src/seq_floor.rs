@@ -10,12 +10,13 @@
 //! process committed or read before, and that key. A conversation found behind is
 //! reported (`herald_seq_rollbacks_total`, an error naming it) and moved past.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 use herald_shared::keys::Keys;
+use herald_shared::names::{NameMap, Names2};
 use herald_shared::scripts;
 
 use crate::batch::Committed;
@@ -36,32 +37,30 @@ pub struct SeqFloors {
     known: Mutex<Remembered>,
 }
 
-/// The remembered seqs by tenant, then conversation: looked up by borrowed names, so a
-/// commit allocates nothing for the conversations already known (nearly all of them).
+/// The remembered seqs by (tenant, conversation): looked up by borrowed names
+/// (`herald_shared::names`), so a commit allocates nothing for the conversations
+/// already known (nearly all of them).
 #[derive(Debug, Default)]
 struct Remembered {
-    by_tenant: HashMap<String, HashMap<String, u64>>,
-    len: usize,
+    convs: NameMap<(String, String), u64>,
 }
 
 impl Remembered {
     fn get(&self, tenant: &str, conv: &str) -> Option<u64> {
-        self.by_tenant.get(tenant)?.get(conv).copied()
+        self.convs.get(&Names2(tenant, conv)).copied()
     }
 
     /// Keeps the higher of `seq` and what is remembered; past [`REMEMBERED`]
     /// conversations the memory starts again empty.
     fn raise(&mut self, tenant: &str, conv: &str, seq: u64) {
-        if let Some(known) = self.by_tenant.get_mut(tenant).and_then(|convs| convs.get_mut(conv)) {
+        if let Some(known) = self.convs.get_mut(&Names2(tenant, conv)) {
             *known = (*known).max(seq);
             return;
         }
-        if self.len >= REMEMBERED {
-            self.by_tenant.clear();
-            self.len = 0;
+        if self.convs.len() >= REMEMBERED {
+            self.convs.clear();
         }
-        self.by_tenant.entry(tenant.to_owned()).or_default().insert(conv.to_owned(), seq);
-        self.len += 1;
+        self.convs.insert((tenant.to_owned(), conv.to_owned()), seq);
     }
 }
 
@@ -238,7 +237,7 @@ mod tests {
         for i in 0..REMEMBERED {
             known.raise("t", &format!("c{i}"), 1);
         }
-        assert!(known.len <= REMEMBERED, "bounded: {}", known.len);
+        assert!(known.convs.len() <= REMEMBERED, "bounded: {}", known.convs.len());
         assert_eq!(known.get("t", "a"), None, "past the bound the memory starts again");
     }
 

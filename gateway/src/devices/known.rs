@@ -1,28 +1,26 @@
 //! The devices this gateway has registered, with when it last wrote their
 //! `last_seen_at`: looked up on every API request by the token's claims, without
-//! copying their names into a key.
+//! copying their names into a key (`herald_shared::names`).
 
-use std::hash::{Hash, Hasher, RandomState};
 use std::time::Instant;
 
-use hashbrown::{Equivalent, HashMap};
 use herald_shared::auth::Claims;
 use herald_shared::keys::DeviceKey;
+use herald_shared::names::{NameMap, Names3};
 
 /// Most devices remembered as registered; past it the memory starts afresh (a miss
 /// only costs a place in the next batch).
 const KNOWN_MAX: usize = 200_000;
 
-/// Hashed by SipHash with a random key, as std's maps are: device ids come from tokens.
 #[derive(Debug, Default)]
 pub(super) struct Known {
-    seen: HashMap<DeviceKey, Instant, RandomState>,
+    seen: NameMap<DeviceKey, Instant>,
 }
 
 impl Known {
     /// When this gateway last wrote the `last_seen_at` of the device `c` names.
     pub(super) fn seen_at(&self, c: &Claims) -> Option<Instant> {
-        self.seen.get(&ClaimedDevice(c)).copied()
+        self.seen.get(&Names3(&c.tid, &c.sub, &c.dev)).copied()
     }
 
     pub(super) fn insert(&mut self, key: DeviceKey, at: Instant) {
@@ -41,28 +39,8 @@ impl Known {
     }
 }
 
-/// The device a token names, hashed and compared as its [`DeviceKey`] is.
-struct ClaimedDevice<'a>(&'a Claims);
-
-impl Hash for ClaimedDevice<'_> {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        // DeviceKey's fields in their order, each hashed as a String is (its derived Hash).
-        self.0.tid.hash(h);
-        self.0.sub.hash(h);
-        self.0.dev.hash(h);
-    }
-}
-
-impl Equivalent<DeviceKey> for ClaimedDevice<'_> {
-    fn equivalent(&self, k: &DeviceKey) -> bool {
-        self.0.tid == k.tenant && self.0.sub == k.user && self.0.dev == k.device
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::hash::BuildHasher;
-
     use herald_shared::auth::Platform;
 
     use super::*;
@@ -74,8 +52,6 @@ mod tests {
     #[test]
     fn a_tokens_device_is_found_as_its_key_and_no_other() {
         let c = claims("t", "u", "d");
-        let s = RandomState::new();
-        assert_eq!(s.hash_one(ClaimedDevice(&c)), s.hash_one(DeviceKey::of(&c)), "hashed as its key");
         let mut known = Known::default();
         let at = Instant::now();
         known.insert(DeviceKey::of(&c), at);

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use fred::clients::Pool;
 use fred::prelude::*;
 use herald_shared::keys::Keys;
+use herald_shared::names::{NameMap, Names2};
 use herald_shared::protocol::{NodeEnvelope, Revocation};
 
 /// How long a user's revocations are used from the cache before Redis is read again.
@@ -65,41 +66,31 @@ impl Cached {
     }
 }
 
-/// Cached users by tenant and user, looked up by borrowed names (an API call copies
-/// none), with their count.
+/// Cached users by (tenant, user), looked up by borrowed names (an API call copies
+/// none; `herald_shared::names`).
 #[derive(Debug, Default)]
 struct Cache {
-    by_tenant: HashMap<String, HashMap<String, Cached>>,
-    users: usize,
+    users: NameMap<(String, String), Cached>,
 }
 
 impl Cache {
     fn get(&self, tenant: &str, user: &str) -> Option<&Cached> {
-        self.by_tenant.get(tenant)?.get(user)
+        self.users.get(&Names2(tenant, user))
     }
 
     fn insert(&mut self, tenant: &str, user: &str, cached: Cached) {
-        if self.users >= CACHE_USERS {
-            self.clear();
+        if self.users.len() >= CACHE_USERS {
+            self.users.clear();
         }
-        let users = self.by_tenant.entry(tenant.to_owned()).or_default();
-        if users.insert(user.to_owned(), cached).is_none() {
-            self.users += 1;
-        }
+        self.users.insert((tenant.to_owned(), user.to_owned()), cached);
     }
 
     fn remove(&mut self, tenant: &str, user: &str) {
-        let Some(users) = self.by_tenant.get_mut(tenant) else { return };
-        if users.remove(user).is_some() {
-            self.users -= 1;
-        }
-        if users.is_empty() {
-            self.by_tenant.remove(tenant);
-        }
+        self.users.remove(&Names2(tenant, user));
     }
 
     fn clear(&mut self) {
-        *self = Cache::default();
+        self.users.clear();
     }
 }
 
@@ -190,21 +181,20 @@ mod tests {
         cache.insert("t1", "u", cached(&[("*", 1)]));
         cache.insert("t2", "u", cached(&[("*", 2)]));
         cache.insert("t1", "u", cached(&[("*", 3)]));
-        assert_eq!(cache.users, 2, "a user cached again is one user");
+        assert_eq!(cache.users.len(), 2, "a user cached again is one user");
         assert_eq!(cache.get("t1", "u").map(|c| c.later("d")), Some(Some(3)));
         assert_eq!(cache.get("t2", "u").map(|c| c.later("d")), Some(Some(2)));
         assert!(cache.get("t1", "v").is_none() && cache.get("t3", "u").is_none());
         cache.remove("t1", "u");
         cache.remove("t1", "u");
         assert!(cache.get("t1", "u").is_none());
-        assert_eq!(cache.users, 1);
-        assert!(!cache.by_tenant.contains_key("t1"), "a tenant without users is dropped");
-        for i in cache.users..CACHE_USERS {
+        assert_eq!(cache.users.len(), 1);
+        for i in cache.users.len()..CACHE_USERS {
             cache.insert("t", &i.to_string(), cached(&[]));
         }
-        assert_eq!(cache.users, CACHE_USERS);
+        assert_eq!(cache.users.len(), CACHE_USERS);
         cache.insert("t", "last", cached(&[]));
-        assert_eq!(cache.users, 1, "a full cache starts over");
+        assert_eq!(cache.users.len(), 1, "a full cache starts over");
         assert!(cache.get("t", "last").is_some() && cache.get("t2", "u").is_none());
     }
 }

@@ -20,6 +20,7 @@ use std::time::Instant;
 use herald_shared::db::TextColumns;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::mysql_server::Dialect;
+use herald_shared::names::NameMap;
 use herald_shared::protocol::{IngressEntry, SendResult};
 use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::Row;
@@ -46,6 +47,10 @@ pub use outcome::{BatchResult, CommitError, Outcome};
 /// The answer to a cmid reused for another request (another conversation or body, or
 /// a timeline change).
 const CMID_REUSED: &str = "this cmid was already used for another message or change";
+
+/// The rows committed before under the batch's keys (tenant, sender, cmid), found by
+/// an entry's borrowed names (`herald_shared::names`).
+type Repeats = NameMap<(String, String, String), Repeat>;
 
 /// A row committed before under an entry's key, as the lookup found it.
 #[derive(Clone, Debug)]
@@ -275,7 +280,7 @@ impl CommitPipeline {
         if let Some(f) = fences.iter().find(|f| tokens.get(&f.shard) != Some(&f.token)) {
             return Err(CommitError::Fenced(f.shard));
         }
-        let mut existing: HashMap<(String, String, String), Repeat> = HashMap::new();
+        let mut existing = Repeats::default();
         let lookups = usize::from(dedup == Dedup::Lookup) + usize::from(self.keys_outlive_messages);
         for _ in 0..lookups {
             for row in next()? {

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use herald_shared::error::ErrorCode;
 use herald_shared::ids::MsgId;
+use herald_shared::names::Names3;
 use herald_shared::protocol::{IngressEntry, SendResult};
 
-use super::{BatchResult, CommitError, ConvState, Outcome, Repeat, CMID_REUSED};
+use super::{BatchResult, CommitError, ConvState, Outcome, Repeats, CMID_REUSED};
 use crate::lease::IdSource;
 
 /// A new message of the batch: (entry, conversation, seq, id).
@@ -18,7 +19,7 @@ pub(super) type Planned = (usize, (String, String), u64, MsgId);
 /// with their first commit, refusals with their reason.
 pub(super) fn number(
     entries: &[IngressEntry],
-    existing: &HashMap<(String, String, String), Repeat>,
+    existing: &Repeats,
     convs: &mut BTreeMap<(String, String), ConvState>,
     ids: &IdSource,
     now: u64,
@@ -31,10 +32,7 @@ pub(super) fn number(
     let mut repeats: Vec<(usize, usize)> = Vec::new();
     let mut floors = Vec::new();
     for (i, e) in entries.iter().enumerate() {
-        // Committed repeats are read only when looked for: most batches copy no names.
-        let repeat =
-            if existing.is_empty() { None } else { existing.get(&(e.tenant.clone(), e.user.clone(), e.cmid.clone())) };
-        if let Some(r) = repeat {
+        if let Some(r) = existing.get(&Names3(&e.tenant, &e.user, &e.cmid)) {
             result.outcomes.push(if r.answers(e) {
                 Outcome::Done(r.result.clone())
             } else {
