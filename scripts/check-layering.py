@@ -16,7 +16,7 @@ LAYERS = {
     "shared": [
         ["metric_catalog", "dependencies"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
-        ["redis", "db", "auth", "mysql_server", "migration_rules", "clock"],
+        ["redis", "db", "auth", "mysql_server", "migration_rules", "clock", "device_epochs"],
         ["identity"],
         ["keys", "config", "service_token"],
         ["otel", "runtime", "names"],

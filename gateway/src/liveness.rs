@@ -59,6 +59,9 @@ impl NodeLiveness {
         let client = self.redis.next();
         let ttl = Expiration::PX((self.heartbeat.as_millis() * 3) as i64);
         let _: () = client.set(self.keys.node_live(&self.node), 1, Some(ttl), None, false).await?;
+        // This node raises device epochs: said before it counts as a node, so no worker
+        // sees it as a node that does not (`Keys::epoch_nodes`).
+        let _: i64 = client.sadd(self.keys.epoch_nodes(), self.node.as_str()).await?;
         let _: i64 = client.sadd(self.keys.nodes(), self.node.as_str()).await?;
         if round == 0 {
             // Entries of this node's previous life (same node id) name no session here.
@@ -86,6 +89,7 @@ impl NodeLiveness {
             }
             let swept = self.sweep(node).await?;
             let _: i64 = client.srem(self.keys.nodes(), node.as_str()).await?;
+            let _: i64 = client.srem(self.keys.epoch_nodes(), node.as_str()).await?;
             let _: i64 = client.del(self.keys.node_users(node)).await?;
             metrics::counter!("herald_dead_gateways_swept_total").increment(1);
             tracing::warn!(node = %node, users = swept, "a gateway died; its users' presence was cleared");

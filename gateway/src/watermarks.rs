@@ -7,7 +7,7 @@ use std::time::Duration;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::keys::DeviceKey;
 use sqlx::mysql::MySqlPool;
-use sqlx::{MySql, QueryBuilder};
+use sqlx::{MySql, QueryBuilder, Row};
 use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -75,30 +75,10 @@ impl WatermarkFlusher {
 
     async fn write(&self, batch: &[Mark]) {
         let now = now_ms() as i64;
-        // 4 placeholders a row: stay far below MySQL's 65 535 per statement. Only rows that
-        // exist are updated: a report queued before its device logged out must not bring
-        // the device back. A device in use that was expired meanwhile is live again.
+        // 4 placeholders a row: stay far below MySQL's 65 535 per statement.
         for chunk in batch.chunks(WATERMARK_CHUNK) {
-            let mut q = QueryBuilder::<MySql>::new("UPDATE devices d JOIN (");
-            for (i, m) in chunk.iter().enumerate() {
-                q.push(if i == 0 { "SELECT " } else { " UNION ALL SELECT " });
-                q.push_bind(&m.device.tenant)
-                    .push(" AS t, ")
-                    .push_bind(&m.device.user)
-                    .push(" AS u, ")
-                    .push_bind(&m.device.device)
-                    .push(" AS dv, ")
-                    .push_bind(m.watermark.0)
-                    .push(" AS w");
-            }
-            q.push(") v ON d.tenant_id = v.t AND d.user_id = v.u AND d.device_id = v.dv ");
-            q.push("SET d.watermark = GREATEST(d.watermark, v.w), d.expired_at = NULL, d.last_seen_at = ");
-            q.push_bind(now);
-            // Not kept prepared: the text differs with every batch size, and each
-            // connection would keep a statement of every size it saw (sqlx's cache and
-            // the server's), memory that grows with session churn.
-            match q.build().persistent(false).execute(&self.db).await {
-                Ok(_) => {
+            match self.write_chunk(chunk, now).await {
+                Ok(()) => {
                     metrics::counter!("herald_watermark_flushes_total").increment(1);
                     metrics::counter!("herald_watermark_rows_total").increment(chunk.len() as u64);
                 }
@@ -108,6 +88,52 @@ impl WatermarkFlusher {
             }
         }
     }
+
+    /// Only rows that exist are updated: a report queued before its device logged out
+    /// must not bring the device back. A device in use that was expired meanwhile is
+    /// live again, a change of its tenant's recipients: its rows are locked first (so
+    /// the janitor cannot expire one in between), and the tenants of those found
+    /// expired get their device epoch raised in the same transaction.
+    async fn write_chunk(&self, chunk: &[Mark], now: i64) -> Result<(), sqlx::Error> {
+        let mut tx = self.db.begin().await?;
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT CAST(d.tenant_id AS CHAR), d.expired_at IS NOT NULL FROM devices d JOIN ",
+        );
+        reports(&mut q, chunk, false);
+        q.push(" FOR UPDATE");
+        // Not kept prepared: the text differs with every batch size, and each
+        // connection would keep a statement of every size it saw (sqlx's cache and
+        // the server's), memory that grows with session churn.
+        let rows = q.build().persistent(false).fetch_all(&mut *tx).await?;
+        let mut back = Vec::new();
+        for r in &rows {
+            if r.try_get::<i64, _>(1)? == 1 {
+                back.push(r.try_get::<String, _>(0)?);
+            }
+        }
+        let mut q = QueryBuilder::<MySql>::new("UPDATE devices d JOIN ");
+        reports(&mut q, chunk, true);
+        q.push(" SET d.watermark = GREATEST(d.watermark, v.w), d.expired_at = NULL, d.last_seen_at = ");
+        q.push_bind(now);
+        q.build().persistent(false).execute(&mut *tx).await?;
+        herald_shared::device_epochs::raise(&mut tx, back.iter().map(String::as_str)).await?;
+        tx.commit().await
+    }
+}
+
+/// The reports as a derived table `v` (t, u, dv and, `with_watermarks`, w) joined to
+/// their rows of `devices d`.
+fn reports<'a>(q: &mut QueryBuilder<'a, MySql>, chunk: &'a [Mark], with_watermarks: bool) {
+    q.push("(");
+    for (i, m) in chunk.iter().enumerate() {
+        q.push(if i == 0 { "SELECT " } else { " UNION ALL SELECT " });
+        q.push_bind(&m.device.tenant).push(" AS t, ").push_bind(&m.device.user).push(" AS u, ");
+        q.push_bind(&m.device.device).push(" AS dv");
+        if with_watermarks {
+            q.push(", ").push_bind(m.watermark.0).push(" AS w");
+        }
+    }
+    q.push(") v ON d.tenant_id = v.t AND d.user_id = v.u AND d.device_id = v.dv");
 }
 
 #[cfg(test)]
@@ -138,7 +164,48 @@ mod tests {
         assert_eq!(after, before, "a statement stayed prepared for each batch size");
     }
 
+    /// A report of a device the janitor expired brings it back in the same transaction
+    /// as its tenant's device epoch (a worker's cached recipients lack it); reports of
+    /// live devices leave the epoch alone.
+    #[tokio::test]
+    async fn a_report_that_brings_an_expired_device_back_raises_its_tenants_epoch() {
+        let scratch = ScratchDb::create("marksback").await.expect("a fresh schema");
+        let db = herald_shared::db::pool(&scratch.url, 2, None).expect("pool");
+        sqlx::query(
+            "INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at, expired_at) \
+             VALUES ('t', 'u0', 'd', 'web', 0, 1, 1, 5), ('t', 'u1', 'd', 'web', 0, 1, 1, NULL), ('t2', 'u2', 'd', 'web', 0, 1, 1, NULL)",
+        )
+        .execute(&db)
+        .await
+        .expect("devices");
+        let epoch = |tenant: &'static str| {
+            let db = db.clone();
+            async move {
+                sqlx::query_scalar::<_, u64>("SELECT epoch FROM device_epochs WHERE tenant_id = ?")
+                    .bind(tenant)
+                    .fetch_optional(&db)
+                    .await
+                    .expect("epoch")
+            }
+        };
+        let (_marks, flusher) = channel(db.clone());
+        flusher.write(&[mark(1), mark(2)]).await;
+        assert_eq!((epoch("t").await, epoch("t2").await), (None, None), "live devices change no recipients");
+        flusher.write(&[mark(0), mark(1), mark(2)]).await;
+        assert_eq!((epoch("t").await, epoch("t2").await), (Some(1), None), "the expired device's tenant only");
+        let expired: Option<i64> = sqlx::query_scalar("SELECT expired_at FROM devices WHERE user_id = 'u0'")
+            .fetch_one(&db)
+            .await
+            .expect("row");
+        assert_eq!(expired, None, "the device is live again");
+        flusher.write(&[mark(0)]).await;
+        assert_eq!(epoch("t").await, Some(1), "a device already back raises nothing");
+        db.close().await;
+        scratch.remove().await;
+    }
+
     fn mark(i: u64) -> Mark {
-        Mark { device: DeviceKey::new("t", format!("u{i}"), "d"), watermark: MsgId(i) }
+        let tenant = if i == 2 { "t2" } else { "t" };
+        Mark { device: DeviceKey::new(tenant, format!("u{i}"), "d"), watermark: MsgId(i) }
     }
 }

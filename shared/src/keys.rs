@@ -181,6 +181,14 @@ impl Keys {
         format!("{}:gw:nodes", self.prefix)
     }
 
+    /// SET of the gateway nodes that raise device epochs (`device_epochs`) when they
+    /// change devices: workers keep recipients between commits only while every node
+    /// of [`Keys::nodes`] is in it, so a gateway of an older release during a rolling
+    /// upgrade or a rollback never registers a device a worker's cache would miss.
+    pub fn epoch_nodes(&self) -> String {
+        format!("{}:gw:nodes:epochs", self.prefix)
+    }
+
     /// SET of the users ([`node_user`]) with a session on a gateway node: whose presence
     /// to clear, and whom to announce offline, if the node dies.
     pub fn node_users(&self, node: &str) -> String {
@@ -206,6 +214,12 @@ impl Keys {
     /// upgrade or a rollback never hands a pack to a worker that would drop it.
     pub fn packing_workers(&self) -> String {
         format!("{}:workers:packs", self.prefix)
+    }
+
+    /// ZSET worker node -> last heartbeat (ms) of the workers whose janitor raises
+    /// device epochs when it expires devices: the same gate as [`Keys::epoch_nodes`].
+    pub fn epoch_workers(&self) -> String {
+        format!("{}:workers:epochs", self.prefix)
     }
 
     pub fn epoch(&self) -> String {

@@ -9,7 +9,8 @@
 //! - [`protocol`]: wire frames and gateway/worker messages.
 //! - [`error`]: the protocol's error codes.
 //! - [`keys`]: the Redis key schema, device keys and presence values;
-//!   [`device_state`]: freeing what Redis holds for a device.
+//!   [`device_state`]: freeing what Redis holds for a device; [`device_epochs`]: the
+//!   per-tenant epoch every change of a tenant's receiving devices raises.
 //! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
 //! - [`db`]: the MySQL schema (migrations) and pools; [`mysql_server`]: the server's
 //!   flavour, version, role (primary or not) and packet limit, checked at start.
@@ -27,6 +28,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod dependencies;
+pub mod device_epochs;
 pub mod device_state;
 pub mod error;
 pub mod identity;

@@ -230,6 +230,16 @@ pub const METRICS: &[Metric] = &[
     ),
     counter("herald_batches_redrawn_total", "Batches given new ids because theirs were older than allowed."),
     counter("herald_batches_with_repeats_total", "Batches that held repeated sends and were committed by lookup."),
+    counter(
+        "herald_recipient_cache_total",
+        "Conversations of commits by where their recipients came from: hit (the worker's cache), stale or miss (read).",
+    ),
+    counter("herald_recipient_reads_total", "Commits that read recipients their worker's cache did not hold (a second round trip)."),
+    gauge(
+        "herald_recipient_cache_in_use",
+        "1 while the worker keeps recipients between commits (every live gateway and worker raises device epochs).",
+    ),
+    counter("herald_recipient_cache_resets_total", "Times the worker's recipients cache was emptied at its bound."),
     counter("herald_messages_committed_total", "Messages committed to MySQL."),
     counter("herald_messages_duplicate_total", "Sends found already committed (a retry with the same cmid)."),
     counter("herald_send_rejected_total", "Sends refused by the worker, by error code."),

@@ -136,6 +136,8 @@ impl Janitor {
             }
             q.push(")");
             q.build().execute(&mut *tx).await?;
+            // No worker keeps them among its cached recipients past this commit.
+            herald_shared::device_epochs::raise(&mut tx, devices.iter().map(|d| d.tenant.as_str())).await?;
             tx.commit().await?;
             expired += devices.len() as u64;
             metrics::counter!("herald_devices_expired_total").increment(devices.len() as u64);

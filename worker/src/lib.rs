@@ -170,6 +170,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         cfg.delivery.device_ttl_s * 1000,
         dialect,
         floors.clone(),
+        cfg.worker.recipient_cache_devices,
     );
     // Keys of deleted messages are looked up while retention deletes messages, or once
     // it did (a retention since turned off leaves its keys).

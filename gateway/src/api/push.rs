@@ -71,6 +71,9 @@ pub async fn register(
 
 /// Writes the push registration on the caller's row: the rows changed (0: no row).
 async fn store(state: &AppState, c: &Claims, req: &PushRequest, now: i64) -> Result<u64, sqlx::Error> {
+    // With its tenant's device epoch: the worker's cached recipients carry whether a
+    // device has a push token.
+    let mut tx = state.db.begin().await?;
     let done = sqlx::query(
         "UPDATE devices SET push_platform = ?, push_token = ?, push_updated_at = ? \
          WHERE tenant_id = ? AND user_id = ? AND device_id = ?",
@@ -81,14 +84,17 @@ async fn store(state: &AppState, c: &Claims, req: &PushRequest, now: i64) -> Res
     .bind(&c.tid)
     .bind(&c.sub)
     .bind(&c.dev)
-    .execute(&state.db)
+    .execute(&mut *tx)
     .await?;
+    herald_shared::device_epochs::raise(&mut tx, [c.tid.as_str()]).await?;
+    tx.commit().await?;
     Ok(done.rows_affected())
 }
 
 /// `DELETE /v1/devices/me/push`: the device gets no more push notifications; the
 /// notifications still waiting for it are dropped. Idempotent.
 pub async fn unregister(State(state): State<AppState>, Caller(c): Caller) -> ApiResult<StatusCode> {
+    let mut tx = state.db.begin().await?;
     sqlx::query(
         "UPDATE devices SET push_platform = NULL, push_token = NULL, push_updated_at = ? \
          WHERE tenant_id = ? AND user_id = ? AND device_id = ?",
@@ -97,7 +103,9 @@ pub async fn unregister(State(state): State<AppState>, Caller(c): Caller) -> Api
     .bind(&c.tid)
     .bind(&c.sub)
     .bind(&c.dev)
-    .execute(&state.db)
+    .execute(&mut *tx)
     .await?;
+    herald_shared::device_epochs::raise(&mut tx, [c.tid.as_str()]).await?;
+    tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -3,7 +3,9 @@
 //! one UPDATE and one INSERT. A first-login storm then costs MySQL a few statements per
 //! batch instead of two per device, and takes one pool connection at a time however
 //! many devices wait: they queue for the next batch, none fails for want of a
-//! connection.
+//! connection. A batch that changes which devices receive messages (a device new or
+//! back) writes in one transaction with its tenants' device epochs
+//! (`herald_shared::device_epochs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use fred::prelude::Pool;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::keys::{DeviceKey, Keys};
-use sqlx::mysql::MySqlPool;
+use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::Row;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -114,6 +116,9 @@ impl Registrar {
         let now = now_ms() as i64;
         let new_watermark = crate::starts::first_watermark(now);
         let (mut touch, mut upsert) = (Vec::new(), Vec::new());
+        // Tenants whose receiving devices change: a device new, back from expiry or
+        // from past its TTL (its tenant's device epoch is raised with the writes).
+        let mut changed = Vec::new();
         let mut watermarks = HashMap::with_capacity(devices.len());
         for &(key, platform) in &devices {
             let row = rows.get(key);
@@ -124,17 +129,31 @@ impl Registrar {
                     herald_shared::device_state::free(&self.redis, &self.keys, key).await?;
                     metrics::counter!("herald_devices_returned_total").increment(1);
                     touch.push(key);
+                    changed.push(key.tenant.as_str());
                 }
                 Step::Return => {
                     metrics::counter!("herald_devices_returned_total").increment(1);
                     touch.push(key);
+                    changed.push(key.tenant.as_str());
                 }
-                Step::Upsert => upsert.push((key, platform)),
+                Step::Upsert => {
+                    upsert.push((key, platform));
+                    changed.push(key.tenant.as_str());
+                }
             }
             watermarks.insert(key.clone(), row.map_or(new_watermark, |r| MsgId(r.watermark)));
         }
-        self.touch(&touch, now).await?;
-        self.upsert(&upsert, now, new_watermark).await?;
+        if changed.is_empty() {
+            // Only `last_seen_at` moves: no recipient changes, no transaction.
+            let mut conn = self.db.acquire().await?;
+            self.touch(&mut conn, &touch, now).await?;
+        } else {
+            let mut tx = self.db.begin().await?;
+            self.touch(&mut tx, &touch, now).await?;
+            self.upsert(&mut tx, &upsert, now, new_watermark).await?;
+            herald_shared::device_epochs::raise(&mut tx, changed).await?;
+            tx.commit().await?;
+        }
         Ok(watermarks)
     }
 
@@ -162,7 +181,7 @@ impl Registrar {
         Ok(rows)
     }
 
-    async fn touch(&self, devices: &[&DeviceKey], now: i64) -> Result<(), ApiError> {
+    async fn touch(&self, conn: &mut MySqlConnection, devices: &[&DeviceKey], now: i64) -> Result<(), ApiError> {
         if devices.is_empty() {
             return Ok(());
         }
@@ -174,13 +193,19 @@ impl Registrar {
         for key in padded(devices) {
             q = q.bind(&key.tenant).bind(&key.user).bind(&key.device);
         }
-        q.execute(&self.db).await?;
+        q.execute(conn).await?;
         Ok(())
     }
 
     /// Inserts new devices; a device whose row has another platform keeps its
     /// watermark and gets the new platform.
-    async fn upsert(&self, devices: &[(&DeviceKey, &str)], now: i64, watermark: MsgId) -> Result<(), ApiError> {
+    async fn upsert(
+        &self,
+        conn: &mut MySqlConnection,
+        devices: &[(&DeviceKey, &str)],
+        now: i64,
+        watermark: MsgId,
+    ) -> Result<(), ApiError> {
         if devices.is_empty() {
             return Ok(());
         }
@@ -194,7 +219,7 @@ impl Registrar {
             q = q.bind(&key.tenant).bind(&key.user).bind(&key.device).bind(platform);
             q = q.bind(watermark.0).bind(now).bind(now);
         }
-        q.execute(&self.db).await?;
+        q.execute(conn).await?;
         Ok(())
     }
 }

@@ -110,12 +110,16 @@ impl DeviceRegistry {
     /// forget it, so it registers again wherever it comes back. The presence it had,
     /// if any, is returned so its session can be closed.
     pub async fn unregister(&self, d: &DeviceKey) -> Result<Option<String>, ApiError> {
+        // With its tenant's device epoch, so no worker keeps it among its recipients.
+        let mut tx = self.db.begin().await?;
         sqlx::query("DELETE FROM devices WHERE tenant_id = ? AND user_id = ? AND device_id = ?")
             .bind(&d.tenant)
             .bind(&d.user)
             .bind(&d.device)
-            .execute(&self.db)
+            .execute(&mut *tx)
             .await?;
+        herald_shared::device_epochs::raise(&mut tx, [d.tenant.as_str()]).await?;
+        tx.commit().await?;
         self.forget(d);
         let redis = self.redis.next();
         let presence: Option<String> = redis.hget(self.keys.presence(&d.tenant, &d.user), d.device.as_str()).await?;

@@ -32,6 +32,17 @@ section! {
         /// held up (a lock wait, a very large group) holds up the worker's other shards
         /// for this long only (docs/capacity.md).
         pub commit_overlap_ms: u64 = "20",
+        /// Devices the worker keeps between commits as conversations' recipients; 0 reads them in every commit.
+        ///
+        /// A commit reads a conversation's members and their devices only when the
+        /// conversation changed since (another writer's commit, a member change) or its
+        /// tenant's devices did (a device registered, back, logged out, expired, given a
+        /// push token); otherwise they come from memory (docs/architecture.md section 3).
+        /// About 150 bytes a device; past the bound the cache starts again empty.
+        /// Membership or devices edited in MySQL by hand are seen once the conversation's
+        /// `last_seq` or the tenant's `device_epochs` row moves: raise the epoch (or set
+        /// this to 0) when editing them outside Herald.
+        pub recipient_cache_devices: usize = "1000000",
         /// Milliseconds a shard's delivered positions wait for more before they are applied.
         ///
         /// Positions that arrive meanwhile are applied together: one read of their

@@ -9,11 +9,13 @@
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns. The
 //! transaction is two round trips: a script of the reads, and one of the writes with
 //! COMMIT (`crate::script`); on MySQL, which cannot cap a write statement, three: the writes,
-//! then COMMIT once the ids' age is checked (`herald_shared::mysql_server::Dialect`).
+//! then COMMIT once the ids' age is checked (`herald_shared::mysql_server::Dialect`). The
+//! members and devices come from the recipients cache (`recipients.rs`) while they have
+//! not changed; a conversation it does not hold as of now costs one more round trip.
 //! Repeats of committed messages (same tenant, sender and cmid) are refused by the
 //! unique key; only then does the batch run again, looking them up first.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,6 +36,7 @@ mod errors;
 mod fence;
 mod numbering;
 mod outcome;
+mod recipients;
 #[cfg(test)]
 mod tests;
 
@@ -43,6 +46,7 @@ pub use errors::Failure;
 pub use fence::Fence;
 use numbering::number;
 pub use outcome::{BatchResult, CommitError, Outcome};
+use recipients::{Device, Members, ReadAt, Recipients};
 
 /// The answer to a cmid reused for another request (another conversation or body, or
 /// a timeline change).
@@ -134,24 +138,27 @@ pub struct CommitPipeline {
     pub keys_outlive_messages: bool,
     /// The seqs devices may hold, which a `last_seq` gone back must not reuse.
     floors: Arc<SeqFloors>,
+    /// The conversations' members and devices kept between commits (`recipients.rs`).
+    recipients: Recipients,
 }
 
 struct ConvState {
     kind: String,
     created_at: i64,
     last_seq: u64,
+    /// `last_seq` as the lock read it.
+    read_seq: u64,
     last_id: MsgId,
     last_active_at: i64,
-    members: HashSet<String>,
-    /// (user, joined_seq, device, has a push token) of every registered device of a
-    /// current member.
-    devices: Vec<(String, u64, String, bool)>,
+    /// The current members and their live devices.
+    members: Arc<Members>,
     changed: bool,
 }
 
 impl CommitPipeline {
     /// Commits on connections of `db`, keeping up to `commits_in_flight` of them between
     /// commits (`connections.rs`).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         db: MySqlPool,
         commits_in_flight: usize,
@@ -160,9 +167,11 @@ impl CommitPipeline {
         device_ttl_ms: u64,
         dialect: Dialect,
         floors: Arc<SeqFloors>,
+        recipient_cache_devices: usize,
     ) -> Self {
         CommitPipeline {
             floors,
+            recipients: Recipients::new(recipient_cache_devices),
             conns: CommitConnections::new(db, commits_in_flight),
             dialect,
             first_retry_delay_ms,
@@ -259,19 +268,27 @@ impl CommitPipeline {
         if self.keys_outlive_messages {
             lookup_keys(&mut reads, "message_keys", "0", entries);
         }
-        // 2. The conversations, locked; their current members (READ COMMITTED: as of
-        // now, under the locks) and those members' devices: the membership check and
-        // the fan-out's recipients. Devices unseen for the device TTL are not recipients
-        // (the janitor frees them).
+        // 2. The conversations, locked. Their current members and those members' live
+        // devices (the membership check and the fan-out's recipients) come from the
+        // recipients cache when it holds them as of this `last_seq` and of the tenant's
+        // device epoch, read under the locks and before any device is
+        // (`recipients.rs`); otherwise they are read under the locks (READ COMMITTED: as
+        // of now), in one more round trip, or in this one with the cache off.
         reads.push(" ");
         lock_conversations(&mut reads, &wanted);
-        reads.push(
-            "; SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id, d.push_token IS NOT NULL FROM members m \
-                    LEFT JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
-                    AND d.expired_at IS NULL AND d.last_seen_at >= ",
-        );
-        reads.int(live_since(self.device_ttl_ms)).push(" WHERE m.left_seq IS NULL AND ");
-        reads.pairs("m.tenant_id", "m.conv_id", &wanted);
+        let mut tenants: Vec<&str> = wanted.iter().map(|(t, _)| *t).collect();
+        tenants.dedup();
+        reads.push("; SELECT tenant_id, epoch FROM device_epochs WHERE tenant_id IN (");
+        for (i, t) in tenants.iter().enumerate() {
+            reads.push(if i > 0 { ", " } else { "" }).str(t);
+        }
+        reads.push(")");
+        let live_since = live_since(self.device_ttl_ms);
+        let caching = self.recipients.generation();
+        if caching.is_none() {
+            reads.push("; ");
+            read_recipients(&mut reads, &wanted, live_since);
+        }
         let mut sets = reads.run(&mut *conn).await?.into_iter().map(|(rows, _)| rows).skip(1);
         let mut next = || sets.next().ok_or_else(|| sqlx::Error::Protocol("the reads script answered short".into()));
 
@@ -297,30 +314,69 @@ impl CommitPipeline {
             }
         }
         let mut convs: BTreeMap<(String, String), ConvState> = BTreeMap::new();
+        // Those whose recipients are read, with what they are read under.
+        let mut unread: Vec<((String, String), ReadAt)> = Vec::new();
+        let locked = next()?;
+        let mut epochs: HashMap<String, u64> = HashMap::new();
         for row in next()? {
+            epochs.insert(row.text(0)?, row.try_get(1)?);
+        }
+        let epoch_of = |tenant: &str| epochs.get(tenant).copied().unwrap_or(0);
+        for row in locked {
+            let (tenant, conv) = (row.text(0)?, row.text(1)?);
+            let at = ReadAt { created_at: row.try_get(3)?, last_seq: row.try_get(4)?, epoch: epoch_of(&tenant) };
+            let cached = caching.and_then(|_| self.recipients.get(&tenant, &conv, at, live_since));
+            let members = cached.unwrap_or_else(|| {
+                unread.push(((tenant.clone(), conv.clone()), at));
+                Arc::default()
+            });
             convs.insert(
-                (row.text(0)?, row.text(1)?),
+                (tenant, conv),
                 ConvState {
                     kind: row.text(2)?,
-                    created_at: row.try_get(3)?,
-                    last_seq: row.try_get(4)?,
+                    created_at: at.created_at,
+                    last_seq: at.last_seq,
+                    read_seq: at.last_seq,
                     last_id: MsgId(row.try_get::<Option<u64>, _>(5)?.unwrap_or(0)),
                     last_active_at: row.try_get(6)?,
-                    members: HashSet::new(),
-                    devices: Vec::new(),
+                    members,
                     changed: false,
                 },
             );
         }
-        for row in next()? {
-            let key: (String, String) = (row.text(0)?, row.text(1)?);
-            if let Some(c) = convs.get_mut(&key) {
+        if !unread.is_empty() {
+            let rows = if caching.is_some() {
+                let mut script = Script::default();
+                let pairs: Vec<(&str, &str)> = unread.iter().map(|((t, c), _)| (t.as_str(), c.as_str())).collect();
+                read_recipients(&mut script, &pairs, live_since);
+                metrics::counter!("herald_recipient_reads_total").increment(1);
+                script.run(&mut *conn).await?.into_iter().next().map(|(rows, _)| rows).unwrap_or_default()
+            } else {
+                next()?
+            };
+            let mut read: BTreeMap<(String, String), Members> = BTreeMap::new();
+            for row in rows {
+                let m = read.entry((row.text(0)?, row.text(1)?)).or_default();
                 let user = row.text(2)?;
                 if let Some(device) = row.opt_text(4)? {
-                    let push = row.try_get::<Option<i64>, _>(5)? == Some(1);
-                    c.devices.push((user.clone(), row.try_get(3)?, device, push));
+                    m.devices.push(Device {
+                        user: user.clone(),
+                        joined_seq: row.try_get(3)?,
+                        device,
+                        push: row.try_get::<Option<i64>, _>(5)? == Some(1),
+                        last_seen_at: row.try_get(6)?,
+                    });
                 }
-                c.members.insert(user);
+                m.users.insert(user);
+            }
+            for (key, at) in unread {
+                let members = Arc::new(read.remove(&key).unwrap_or_default());
+                if let Some(generation) = caching {
+                    self.recipients.put(generation, &key.0, &key.1, at, members.clone());
+                }
+                if let Some(state) = convs.get_mut(&key) {
+                    state.members = members;
+                }
             }
         }
 
@@ -430,14 +486,16 @@ impl CommitPipeline {
         for ((tenant, conv), c) in convs {
             if c.changed {
                 self.floors.remember(&tenant, &conv, c.last_seq);
-                result.recipients.extend(c.devices.into_iter().map(|(user, joined_seq, device, push)| Recipient {
+                // Committed under the lock the read took, with no member change.
+                self.recipients.advance(&tenant, &conv, c.read_seq, c.last_seq);
+                result.recipients.extend(c.members.devices.iter().map(|d| Recipient {
                     tenant: tenant.clone(),
                     conv: conv.clone(),
-                    user,
-                    joined_seq,
+                    user: d.user.clone(),
+                    joined_seq: d.joined_seq,
                     left_seq: None,
-                    device,
-                    push,
+                    device: d.device.clone(),
+                    push: d.push,
                 }));
             }
         }
@@ -446,6 +504,12 @@ impl CommitPipeline {
 }
 
 impl CommitPipeline {
+    /// Whether every live gateway and worker raises device epochs, so that the
+    /// recipients cache may be used (`recipients.rs`).
+    pub fn allow_recipient_cache(&self, allowed: bool) {
+        self.recipients.allow(allowed);
+    }
+
     /// Where writes cannot be capped (MySQL): COMMIT only if the ids are still fresh
     /// now that the writes are done; otherwise the batch runs again with new ones (the
     /// caller rolls back).
@@ -460,6 +524,19 @@ impl CommitPipeline {
         commit.run(conn).await?;
         Ok(())
     }
+}
+
+/// The statement that reads the current members of `pairs` (sorted) and their devices
+/// seen since `live_since` and not expired (the janitor frees those unseen for the TTL):
+/// (tenant, conversation, user, joined_seq, device, has a push token, last seen).
+fn read_recipients(script: &mut Script, pairs: &[(&str, &str)], live_since: i64) {
+    script.push(
+        "SELECT m.tenant_id, m.conv_id, m.user_id, m.joined_seq, d.device_id, d.push_token IS NOT NULL, d.last_seen_at \
+         FROM members m LEFT JOIN devices d ON d.tenant_id = m.tenant_id AND d.user_id = m.user_id \
+         AND d.expired_at IS NULL AND d.last_seen_at >= ",
+    );
+    script.int(live_since).push(" WHERE m.left_seq IS NULL AND ");
+    script.pairs("m.tenant_id", "m.conv_id", pairs);
 }
 
 /// The statement that locks a batch's conversations (`wanted`: sorted, distinct,

@@ -53,7 +53,7 @@ pub(super) fn number(
             result.outcomes.push(Outcome::Rejected(ErrorCode::NotFound, "no such conversation".into()));
             continue;
         };
-        if !conv.members.contains(&e.user) {
+        if !conv.members.users.contains(&e.user) {
             result.outcomes.push(Outcome::Rejected(ErrorCode::Forbidden, "not a member of this conversation".into()));
             continue;
         }

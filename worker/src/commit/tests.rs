@@ -143,7 +143,7 @@ async fn the_mysql_dialect_commits_only_while_the_ids_are_fresh() {
     let fence = [Fence { shard: 0, token: 1 }];
     let floors = std::sync::Arc::new(crate::seq_floor::SeqFloors::new(redis.clone(), keys.clone()));
 
-    let fresh = CommitPipeline::new(db.clone(), 1, 1_000, 2_000, 60_000, Dialect::MySql, floors.clone());
+    let fresh = CommitPipeline::new(db.clone(), 1, 1_000, 2_000, 60_000, Dialect::MySql, floors.clone(), 1_000);
     let done = fresh.commit(&[entry("m1")], &ids, &fence).await.expect("committed");
     assert!(matches!(&done.outcomes[..], [Outcome::Done(r)] if r.seq == 1 && !r.dup), "{:?}", done.outcomes);
     assert!(done.outbox_id.is_some());
@@ -151,7 +151,7 @@ async fn the_mysql_dialect_commits_only_while_the_ids_are_fresh() {
     // Ids may be at most 100 ms old at COMMIT: with the 50 ms margin, enough to send
     // the writes (the check before them passes), too little once a lock held elsewhere
     // keeps the outbox insert waiting for 300 ms.
-    let stale = CommitPipeline::new(db.clone(), 1, 1_000, 200, 60_000, Dialect::MySql, floors);
+    let stale = CommitPipeline::new(db.clone(), 1, 1_000, 200, 60_000, Dialect::MySql, floors, 1_000);
     let mut holder = db.begin().await.expect("another transaction");
     sqlx::query("LOCK TABLES outbox_events WRITE").execute(&mut *holder).await.ok();
     let release = tokio::spawn(async move {

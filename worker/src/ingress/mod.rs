@@ -8,6 +8,7 @@
 //! a time (per-conversation order). The consumer and its batches: [`shard`]; its read
 //! receipts and delivered positions, applied beside it: [`position_lane`].
 
+mod epoch_gate;
 mod position_lane;
 mod shard;
 
@@ -85,6 +86,7 @@ impl ShardBalancer {
         let redis = &self.shared.redis;
         let _: Result<i64, _> = redis.zrem(self.shared.keys.workers(), self.shared.cfg.node_id.as_str()).await;
         let _: Result<i64, _> = redis.zrem(self.shared.keys.packing_workers(), self.shared.cfg.node_id.as_str()).await;
+        let _: Result<i64, _> = redis.zrem(self.shared.keys.epoch_workers(), self.shared.cfg.node_id.as_str()).await;
         self.shared.ids.release(redis).await;
     }
 
@@ -137,9 +139,15 @@ impl ShardBalancer {
         let packs = s.keys.packing_workers();
         let _: i64 = s.redis.zadd(&packs, None, None, false, false, (now, s.cfg.node_id.as_str())).await?;
         let _: i64 = s.redis.zremrangebyscore(&packs, f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;
+        // Its janitor raises device epochs (`epoch_gate.rs`), said the same way.
+        let epochs = s.keys.epoch_workers();
+        let _: i64 = s.redis.zadd(&epochs, None, None, false, false, (now, s.cfg.node_id.as_str())).await?;
+        let _: i64 = s.redis.zremrangebyscore(&epochs, f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;
         let _: i64 = s.redis.zadd(s.keys.workers(), None, None, false, false, (now, s.cfg.node_id.as_str())).await?;
         let _: i64 =
             s.redis.zremrangebyscore(s.keys.workers(), f64::NEG_INFINITY, now - 3.0 * ttl.as_millis() as f64).await?;
+        // Unknown (Redis failing) counts as not.
+        s.commit.allow_recipient_cache(epoch_gate::all_raise_epochs(&s.redis, &s.keys).await.unwrap_or(false));
         let live: u64 = s.redis.zcard(s.keys.workers()).await?;
         let shards = s.cfg.ingress.shards;
         let target = shards.div_ceil(live.max(1) as u32);
