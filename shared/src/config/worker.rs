@@ -38,11 +38,11 @@ section! {
         /// conversation changed since (another writer's commit, a member change) or its
         /// tenant's devices did (a device registered, back, logged out, expired, given a
         /// push token); otherwise they come from memory (docs/architecture.md section 3).
-        /// About 150 bytes a device; past the bound the cache starts again empty.
+        /// 200 - 300 bytes a device; past the bound the cache starts again empty.
         /// Membership or devices edited in MySQL by hand are seen once the conversation's
         /// `last_seq` or the tenant's `device_epochs` row moves: raise the epoch (or set
         /// this to 0) when editing them outside Herald.
-        pub recipient_cache_devices: usize = "1000000",
+        pub recipient_cache_devices: usize = "500000",
         /// Milliseconds a shard's delivered positions wait for more before they are applied.
         ///
         /// Positions that arrive meanwhile are applied together: one read of their
