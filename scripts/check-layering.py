@@ -16,7 +16,8 @@ LAYERS = {
     "shared": [
         ["metric_catalog", "dependencies"],
         ["ids", "error", "tls", "telemetry", "scripts", "process", "process_metrics"],
-        ["redis", "db", "auth", "mysql_server", "migration_rules", "clock", "device_epochs"],
+        ["redis", "db", "auth", "mysql_server", "migration_rules", "clock", "sql_script"],
+        ["device_epochs"],
         ["identity"],
         ["keys", "config", "service_token"],
         ["otel", "runtime", "names"],
@@ -51,7 +52,7 @@ LAYERS = {
     ],
     "worker": [
         ["lease", "batch", "projections", "janitor", "notices", "commit_slots"],
-        ["seq_floor", "script"],
+        ["seq_floor"],
         ["commit", "fanout", "reads", "delivered", "push"],
         ["outbox", "committer", "timeline", "spans"],
         ["context", "server_check"],

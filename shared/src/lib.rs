@@ -14,6 +14,7 @@
 //! - [`scripts`]: every Lua script, with its KEYS/ARGV contract.
 //! - [`db`]: the MySQL schema (migrations) and pools; [`mysql_server`]: the server's
 //!   flavour, version, role (primary or not) and packet limit, checked at start.
+//!   [`sql_script`]: multi-statement text scripts, one round trip each.
 //! - [`redis`]: Redis connection settings; [`tls`]: rustls settings for every hop.
 //! - [`process`]: the process skeleton: cancellation, supervised loops, readiness;
 //!   [`dependencies`]: the state of MySQL and Redis as the health loops see it.
@@ -48,5 +49,6 @@ pub mod redis;
 pub mod runtime;
 pub mod scripts;
 pub mod service_token;
+pub mod sql_script;
 pub mod telemetry;
 pub mod tls;

@@ -2,11 +2,10 @@
 //! member devices they go to. Shared by the commit pipeline, the fan-out and the
 //! outbox, so none of them imports another for its types.
 
-use std::collections::BTreeMap;
-
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::otel::TraceParent;
 use herald_shared::protocol::{msg_frame_raw, Message, TimelineEvent};
+use herald_shared::sql_script::by_tenant;
 use serde_json::value::RawValue;
 use sqlx::{MySql, QueryBuilder};
 
@@ -104,7 +103,8 @@ pub fn live_since(device_ttl_ms: u64) -> i64 {
 /// stays point lookups but its range analysis grows with the square of the pairs
 /// (300 pairs: 174 ms per lock-and-members transaction against 8 ms in this form), which
 /// was the largest part of MariaDB's CPU per message under load. A list per tenant is
-/// sorted once and stays point lookups.
+/// sorted once and stays point lookups (`herald_shared::sql_script::by_tenant`, the
+/// form the commit scripts write too).
 pub fn push_pairs(q: &mut QueryBuilder<'_, MySql>, tenant_col: &str, col: &str, pairs: &[(&str, &str)]) {
     q.push("(");
     for (n, (tenant, ids)) in by_tenant(pairs).into_iter().enumerate() {
@@ -119,16 +119,6 @@ pub fn push_pairs(q: &mut QueryBuilder<'_, MySql>, tenant_col: &str, col: &str, 
         q.push("))");
     }
     q.push(")");
-}
-
-/// `(tenant, id)` pairs as one id list per tenant: the form both the bound statements
-/// and the commit scripts write.
-pub fn by_tenant<'a>(pairs: &[(&'a str, &'a str)]) -> BTreeMap<&'a str, Vec<&'a str>> {
-    let mut by_tenant: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (t, id) in pairs {
-        by_tenant.entry(*t).or_default().push(*id);
-    }
-    by_tenant
 }
 
 #[cfg(test)]

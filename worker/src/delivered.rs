@@ -21,7 +21,7 @@ use herald_shared::protocol::{ConversationKind, DeliveredEntry, DeliveryStatus, 
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::Row;
 
-use crate::script::Script;
+use herald_shared::sql_script::Script;
 
 /// A move covers at most this many messages below its new position for the senders it
 /// tells: a member back after a long absence does not make one batch read a long range

@@ -36,7 +36,6 @@ pub mod outbox;
 pub mod projections;
 pub mod push;
 pub mod reads;
-pub mod script;
 pub mod seq_floor;
 pub mod server_check;
 pub mod spans;

@@ -8,7 +8,7 @@
 //! them in one multi-row statement; move the conversations' `last_seq`; write one
 //! outbox row covering the batch. Nothing is acknowledged before COMMIT returns. The
 //! transaction is two round trips: a script of the reads, and one of the writes with
-//! COMMIT (`crate::script`); on MySQL, which cannot cap a write statement, three: the writes,
+//! COMMIT (`herald_shared::sql_script`); on MySQL, which cannot cap a write statement, three: the writes,
 //! then COMMIT once the ids' age is checked (`herald_shared::mysql_server::Dialect`). The
 //! members and devices come from the recipients cache (`recipients.rs`) while they have
 //! not changed; a conversation it does not hold as of now costs one more round trip.
@@ -40,10 +40,10 @@ mod recipients;
 #[cfg(test)]
 mod tests;
 
-use crate::script::Script;
 use connections::CommitConnections;
 pub use errors::Failure;
 pub use fence::Fence;
+use herald_shared::sql_script::Script;
 use numbering::number;
 pub use outcome::{BatchResult, CommitError, Outcome};
 use recipients::{Device, Members, ReadAt, Recipients};

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::Row;
 
-use crate::script::Script;
+use herald_shared::sql_script::Script;
 
 /// An outbox event's payload (the outbox writes it): the messages it fans out.
 #[derive(Deserialize)]

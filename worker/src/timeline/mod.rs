@@ -23,8 +23,8 @@ use sqlx::mysql::MySqlPool;
 
 use crate::commit::{BatchResult, Failure, Fence};
 use crate::lease::IdSource;
-use crate::script::Script;
 use crate::seq_floor::SeqFloors;
+use herald_shared::sql_script::Script;
 pub use store::Settings;
 
 /// What a refused change's actor hears when MySQL refuses its data itself.

@@ -25,8 +25,8 @@ use super::rules::{plan, Actor, ConvView, Plan, PlannedEvent, Refusal, Target, T
 use crate::batch::{live_since, Committed, Recipient};
 use crate::commit::{BatchResult, CommitError, Fence};
 use crate::lease::IdSource;
-use crate::script::Script;
 use crate::seq_floor::SeqFloors;
+use herald_shared::sql_script::Script;
 
 /// Time kept back from the ids' freshness for the round trip and COMMIT itself.
 const COMMIT_MARGIN_MS: u64 = 50;

@@ -1,9 +1,10 @@
-//! SQL as multi-statement text scripts, one round trip each. The commit runs two: the
-//! reads (`BEGIN`, the fencing tokens, repeats when looked for, the conversations
-//! locked, the members and their devices) and the writes (messages, positions, outbox
-//! row, each capped by `max_statement_time` so that the batch's ids are still fresh at
-//! the end) with `COMMIT`. The position lane's delivered positions run two more: their
-//! reads, and the upsert (`delivered.rs`).
+//! SQL as multi-statement text scripts, one round trip each. The worker's commit runs
+//! two: the reads (`BEGIN`, the fencing tokens, repeats when looked for, the
+//! conversations locked, the tenants' device epochs) and the writes (messages,
+//! positions, outbox row, each capped by `max_statement_time` so that the batch's ids
+//! are still fresh at the end) with `COMMIT`. The position lane's delivered positions
+//! run two more: their reads, and the upsert (`worker/src/delivered.rs`). A gateway's
+//! registration batch writes its devices and their tenants' epochs in one.
 //!
 //! Prepared statements cost a round trip each, and a new prepare whenever a batch's
 //! size changes the SQL; at low load every message is its own batch, so the nine round
@@ -12,14 +13,13 @@
 //! break out of whatever the SQL mode, and which still compares with the columns'
 //! collation (so the key lookups stay point lookups).
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use futures::future::BoxFuture;
 use futures::TryStreamExt;
 use sqlx::mysql::{MySqlConnection, MySqlQueryResult, MySqlRow};
 use sqlx::{Either, Executor};
-
-use crate::batch::by_tenant;
 
 /// SQL text with literals.
 #[derive(Default)]
@@ -57,7 +57,7 @@ impl Script {
     }
 
     /// `(<tenant_col> = ? AND <col> IN (?, ...)) OR ...`, one term per tenant (the form
-    /// MariaDB plans as point lookups at any count; see `batch::push_pairs`).
+    /// MariaDB plans as point lookups at any count).
     pub fn pairs(&mut self, tenant_col: &str, col: &str, pairs: &[(&str, &str)]) -> &mut Self {
         self.push("(");
         for (n, (tenant, ids)) in by_tenant(pairs).into_iter().enumerate() {
@@ -76,7 +76,7 @@ impl Script {
         self.push(")")
     }
 
-    #[cfg(test)]
+    /// The SQL written so far.
     pub fn as_str(&self) -> &str {
         &self.sql
     }
@@ -106,6 +106,16 @@ impl Script {
 
 /// One statement's rows (none but for a SELECT) and its result.
 pub type StatementResult = (Vec<MySqlRow>, MySqlQueryResult);
+
+/// `(tenant, id)` pairs as one id list per tenant, tenants in order: the form both the
+/// bound statements and the scripts write.
+pub fn by_tenant<'a>(pairs: &[(&'a str, &'a str)]) -> BTreeMap<&'a str, Vec<&'a str>> {
+    let mut by_tenant: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (t, id) in pairs {
+        by_tenant.entry(*t).or_default().push(*id);
+    }
+    by_tenant
+}
 
 #[cfg(test)]
 mod tests {
