@@ -9,6 +9,8 @@ use std::collections::BTreeSet;
 
 use sqlx::mysql::MySqlConnection;
 
+use crate::sql_script::Script;
+
 /// Raises the epoch of every tenant of `tenants`, on `conn`: it must be in the
 /// transaction of the write it answers for, after that write (the rows are locked in
 /// the same order, devices then epochs, by every writer, so raises never deadlock with
@@ -32,4 +34,31 @@ pub async fn raise<'a>(
     }
     q.execute(conn).await?;
     Ok(())
+}
+
+/// The same raise as a statement of a text script (no `;` around it), for a write
+/// that runs its transaction as one script; `tenants` must not be empty.
+pub fn push_raise<'a>(script: &mut Script, tenants: impl IntoIterator<Item = &'a str>) {
+    let tenants: BTreeSet<&str> = tenants.into_iter().collect();
+    script.push("INSERT INTO device_epochs (tenant_id, epoch) VALUES ");
+    for (i, t) in tenants.into_iter().enumerate() {
+        script.push(if i > 0 { ", (" } else { "(" }).str(t).push(", 1)");
+    }
+    script.push(" ON DUPLICATE KEY UPDATE epoch = epoch + 1");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scripted_raise_names_each_tenant_once_in_order() {
+        let mut s = Script::default();
+        push_raise(&mut s, ["u", "t", "u"]);
+        assert_eq!(
+            s.as_str(),
+            "INSERT INTO device_epochs (tenant_id, epoch) VALUES (_utf8mb4 X'74', 1), (_utf8mb4 X'75', 1) \
+             ON DUPLICATE KEY UPDATE epoch = epoch + 1"
+        );
+    }
 }

@@ -4,8 +4,8 @@
 //! batch instead of two per device, and takes one pool connection at a time however
 //! many devices wait: they queue for the next batch, none fails for want of a
 //! connection. A batch that changes which devices receive messages (a device new or
-//! back) writes in one transaction with its tenants' device epochs
-//! (`herald_shared::device_epochs`).
+//! back) writes them with its tenants' device epochs (`herald_shared::device_epochs`)
+//! in one transaction, sent as one script: one round trip, as before the epochs.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +13,8 @@ use std::sync::Arc;
 use fred::prelude::Pool;
 use herald_shared::ids::{now_ms, MsgId};
 use herald_shared::keys::{DeviceKey, Keys};
-use sqlx::mysql::{MySqlConnection, MySqlPool};
+use herald_shared::sql_script::Script;
+use sqlx::mysql::MySqlPool;
 use sqlx::Row;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -145,14 +146,9 @@ impl Registrar {
         }
         if changed.is_empty() {
             // Only `last_seen_at` moves: no recipient changes, no transaction.
-            let mut conn = self.db.acquire().await?;
-            self.touch(&mut conn, &touch, now).await?;
+            self.touch(&touch, now).await?;
         } else {
-            let mut tx = self.db.begin().await?;
-            self.touch(&mut tx, &touch, now).await?;
-            self.upsert(&mut tx, &upsert, now, new_watermark).await?;
-            herald_shared::device_epochs::raise(&mut tx, changed).await?;
-            tx.commit().await?;
+            self.write_changes(&touch, &upsert, &changed, now, new_watermark).await?;
         }
         Ok(watermarks)
     }
@@ -181,7 +177,7 @@ impl Registrar {
         Ok(rows)
     }
 
-    async fn touch(&self, conn: &mut MySqlConnection, devices: &[&DeviceKey], now: i64) -> Result<(), ApiError> {
+    async fn touch(&self, devices: &[&DeviceKey], now: i64) -> Result<(), ApiError> {
         if devices.is_empty() {
             return Ok(());
         }
@@ -193,33 +189,60 @@ impl Registrar {
         for key in padded(devices) {
             q = q.bind(&key.tenant).bind(&key.user).bind(&key.device);
         }
-        q.execute(conn).await?;
+        q.execute(&self.db).await?;
         Ok(())
     }
 
-    /// Inserts new devices; a device whose row has another platform keeps its
-    /// watermark and gets the new platform.
-    async fn upsert(
+    /// Writes a batch that changes which devices receive, in one transaction and one
+    /// round trip: the touched devices' `last_seen_at` (live again), the new devices (a
+    /// device whose row has another platform keeps its watermark and gets the new
+    /// platform), and their tenants' device epochs (`herald_shared::device_epochs`).
+    async fn write_changes(
         &self,
-        conn: &mut MySqlConnection,
-        devices: &[(&DeviceKey, &str)],
+        touch: &[&DeviceKey],
+        upsert: &[(&DeviceKey, &str)],
+        tenants: &[&str],
         now: i64,
         watermark: MsgId,
     ) -> Result<(), ApiError> {
-        if devices.is_empty() {
-            return Ok(());
+        let mut script = Script::default();
+        script.push("BEGIN");
+        if !touch.is_empty() {
+            script.push("; UPDATE devices SET last_seen_at = ").int(now);
+            script.push(", expired_at = NULL WHERE (tenant_id, user_id, device_id) IN (");
+            for (i, key) in touch.iter().enumerate() {
+                script.push(if i > 0 { ", (" } else { "(" }).str(&key.tenant).push(", ").str(&key.user);
+                script.push(", ").str(&key.device).push(")");
+            }
+            script.push(")");
         }
-        let values = vec!["(?, ?, ?, ?, ?, ?, ?)"; padded_len(devices.len())].join(", ");
-        let sql = format!(
-            "INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at) VALUES {values} \
-             ON DUPLICATE KEY UPDATE platform = VALUES(platform), last_seen_at = VALUES(last_seen_at), expired_at = NULL"
-        );
-        let mut q = sqlx::query(&sql);
-        for (key, platform) in padded(devices) {
-            q = q.bind(&key.tenant).bind(&key.user).bind(&key.device).bind(platform);
-            q = q.bind(watermark.0).bind(now).bind(now);
+        if !upsert.is_empty() {
+            script.push(
+                "; INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at) VALUES ",
+            );
+            for (i, (key, platform)) in upsert.iter().enumerate() {
+                script.push(if i > 0 { ", (" } else { "(" }).str(&key.tenant).push(", ").str(&key.user);
+                script.push(", ").str(&key.device).push(", ").str(platform).push(", ").int(watermark.0);
+                script.push(", ").int(now).push(", ").int(now).push(")");
+            }
+            script.push(
+                " ON DUPLICATE KEY UPDATE platform = VALUES(platform), last_seen_at = VALUES(last_seen_at), expired_at = NULL",
+            );
         }
-        q.execute(conn).await?;
+        script.push("; ");
+        herald_shared::device_epochs::push_raise(&mut script, tenants.iter().copied());
+        script.push("; COMMIT");
+        let mut conn = self.db.acquire().await?;
+        if let Err(e) = script.run(&mut conn).await {
+            // The script stops at its first error, so the transaction may still be
+            // open: rolled back, or the connection is not used again.
+            let mut rollback = Script::default();
+            rollback.push("ROLLBACK");
+            if rollback.run(&mut conn).await.is_err() {
+                conn.close_on_drop();
+            }
+            return Err(e.into());
+        }
         Ok(())
     }
 }
