@@ -174,13 +174,7 @@ async fn a_logged_out_device_frees_everything_at_once() {
     let online = AutoDevice::connect(&c.gateways[0].base_url(), &c.token("bob", "b1"), "bob", "b1").await;
     alice.send("m1", "ab", &json!(1)).await.unwrap();
     eventually(Duration::from_secs(5), "delivered", || async { (online.ids().len() == 1).then_some(()) }).await;
-    let r = reqwest::Client::new()
-        .delete(format!("{}/v1/devices/me", c.gateways[0].base_url()))
-        .bearer_auth(c.token("bob", "b1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    c.client(0, "bob", "b1").logout().await.expect("logged out");
     eventually(Duration::from_secs(5), "its session closed with 4002", || async {
         (*online.closed.lock().unwrap() == Some(Some(4002))).then_some(())
     })

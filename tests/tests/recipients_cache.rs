@@ -75,13 +75,7 @@ async fn recipients_follow_every_change_during_sends(name: &str, cache_devices: 
     let pushable = Instant::now();
     phase().await;
     // A device logs out: no recipient from then on.
-    let r = reqwest::Client::new()
-        .delete(format!("{}/v1/devices/me", c.gateways[0].base_url()))
-        .bearer_auth(c.token("bob", "b1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204, "logout");
+    c.client(0, "bob", "b1").logout().await.expect("logged out");
     let logged_out = Instant::now();
     phase().await;
     // A member is removed, then added again.

@@ -79,8 +79,18 @@ impl HttpClient {
 
     /// Removes this device's push token: no more push notifications.
     pub async fn unregister_push(&self) -> Result<(), ClientError> {
-        let resp =
-            self.http.delete(format!("{}/v1/devices/me/push", self.base)).bearer_auth(&self.token).send().await?;
+        self.delete_no_content("/v1/devices/me/push").await
+    }
+
+    /// Logs this device out (`DELETE /v1/devices/me`, docs/protocol.md section 2.10): no more messages
+    /// reach it, and its sessions end.
+    pub async fn logout(&self) -> Result<(), ClientError> {
+        self.delete_no_content("/v1/devices/me").await
+    }
+
+    /// A `DELETE` answered 204 on success.
+    async fn delete_no_content(&self, path: &str) -> Result<(), ClientError> {
+        let resp = self.http.delete(format!("{}{path}", self.base)).bearer_auth(&self.token).send().await?;
         let status = resp.status().as_u16();
         if status == 204 {
             return Ok(());
