@@ -23,21 +23,14 @@ pub async fn raise<'a>(
     if tenants.is_empty() {
         return Ok(());
     }
-    let values = vec!["(?, 1)"; tenants.len()].join(", ");
-    let sql = format!(
-        "INSERT INTO device_epochs (tenant_id, epoch) VALUES {values} ON DUPLICATE KEY UPDATE epoch = epoch + 1"
-    );
-    // Kept prepared for one tenant only (nearly always): other texts vary.
-    let mut q = sqlx::query(&sql).persistent(tenants.len() == 1);
-    for t in tenants {
-        q = q.bind(t);
-    }
-    q.execute(conn).await?;
+    let mut script = Script::default();
+    push_raise(&mut script, tenants);
+    script.run(conn).await?;
     Ok(())
 }
 
-/// The same raise as a statement of a text script (no `;` around it), for a write
-/// that runs its transaction as one script; `tenants` must not be empty.
+/// The raise as a statement of a text script (no `;` around it), for a write that
+/// runs its transaction as one script; `tenants` must not be empty.
 pub fn push_raise<'a>(script: &mut Script, tenants: impl IntoIterator<Item = &'a str>) {
     let tenants: BTreeSet<&str> = tenants.into_iter().collect();
     script.push("INSERT INTO device_epochs (tenant_id, epoch) VALUES ");

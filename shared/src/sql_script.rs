@@ -18,7 +18,7 @@ use std::fmt::Write;
 
 use futures::future::BoxFuture;
 use futures::TryStreamExt;
-use sqlx::mysql::{MySqlConnection, MySqlQueryResult, MySqlRow};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlQueryResult, MySqlRow};
 use sqlx::{Either, Executor};
 
 /// SQL text with literals.
@@ -101,6 +101,26 @@ impl Script {
             }
             Ok(out)
         })
+    }
+}
+
+impl Script {
+    /// Runs a script that is one transaction (`BEGIN; ...; COMMIT`) on a connection of
+    /// `pool`. A failing statement ends the script with the transaction still open: it
+    /// is rolled back, or the connection is closed instead of going back to the pool.
+    pub async fn run_transaction(&self, pool: &MySqlPool) -> Result<Vec<StatementResult>, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        match self.run(&mut conn).await {
+            Ok(done) => Ok(done),
+            Err(e) => {
+                let mut rollback = Script::default();
+                rollback.push("ROLLBACK");
+                if rollback.run(&mut conn).await.is_err() {
+                    conn.close_on_drop();
+                }
+                Err(e)
+            }
+        }
     }
 }
 

@@ -232,17 +232,7 @@ impl Registrar {
         script.push("; ");
         herald_shared::device_epochs::push_raise(&mut script, tenants.iter().copied());
         script.push("; COMMIT");
-        let mut conn = self.db.acquire().await?;
-        if let Err(e) = script.run(&mut conn).await {
-            // The script stops at its first error, so the transaction may still be
-            // open: rolled back, or the connection is not used again.
-            let mut rollback = Script::default();
-            rollback.push("ROLLBACK");
-            if rollback.run(&mut conn).await.is_err() {
-                conn.close_on_drop();
-            }
-            return Err(e.into());
-        }
+        script.run_transaction(&self.db).await?;
         Ok(())
     }
 }
