@@ -4,13 +4,16 @@
 //! device registers, another logs out, a member is removed and added again, a device
 //! takes a push token. Every message whose send started after a change returned is
 //! fanned out as the change says, read off the devices' pending sets (offline devices:
-//! nothing but the fan-out fills them). Run with the cache on, and off.
+//! nothing but the fan-out fills them). Run with the cache on, and off. And the rolling
+//! upgrade: a gateway of an older release registers devices without raising the epoch,
+//! so while one runs the cache is off, and what it held before is dropped.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fred::prelude::*;
 use herald_tests::pending_ids;
 use herald_tests::{eventually, Cluster, TENANT};
 use serde_json::json;
@@ -41,12 +44,7 @@ async fn recipients_follow_every_change_during_sends(name: &str, cache_devices: 
     c.client(0, "bob", "b1").register_device().await.unwrap();
     c.client(0, "carol", "c1").register_device().await.unwrap();
 
-    let worker_admin = c.workers[0].admin_url();
-    let in_use = if cache_devices == "0" { 0.0 } else { 1.0 };
-    eventually(Duration::from_secs(10), "the worker saw every process raise device epochs", || async {
-        (herald_tests::drill::metric(&worker_admin, "herald_recipient_cache_in_use").await == in_use).then_some(())
-    })
-    .await;
+    cache_in_use(&c, if cache_devices == "0" { 0.0 } else { 1.0 }).await;
 
     // The sender: one message every 25 ms (under the device's send rate), until stopped.
     let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
@@ -142,11 +140,7 @@ async fn recipients_follow_every_change_during_sends(name: &str, cache_devices: 
     .await;
 
     // With the cache on, it was used (else this drill would prove nothing of it).
-    let metrics = reqwest::get(format!("{worker_admin}/metrics")).await.unwrap().text().await.unwrap();
-    let hits: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("herald_recipient_cache_total{result=\"hit\"} ")?.parse().ok())
-        .unwrap_or(0.0);
+    let hits = cache_hits(&c).await;
     if cache_devices == "0" {
         assert_eq!(hits, 0.0, "the cache is off");
     } else {
@@ -166,4 +160,110 @@ async fn recipients_follow_every_change_during_sends_with_the_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recipients_follow_every_change_during_sends_without_the_cache() {
     recipients_follow_every_change_during_sends("rcache-off", "0").await;
+}
+
+/// Conversations whose recipients the worker's cache served.
+async fn cache_hits(c: &Cluster) -> f64 {
+    let url = format!("{}/metrics", c.workers[0].admin_url());
+    let metrics = reqwest::get(url).await.unwrap().text().await.unwrap();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("herald_recipient_cache_total{result=\"hit\"} ")?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until the worker's recipients cache is in use (1) or off (0).
+async fn cache_in_use(c: &Cluster, in_use: f64) {
+    let admin = c.workers[0].admin_url();
+    eventually(Duration::from_secs(15), &format!("the recipients cache in use = {in_use}"), || async {
+        (herald_tests::drill::metric(&admin, "herald_recipient_cache_in_use").await == in_use).then_some(())
+    })
+    .await;
+}
+
+/// A device registered the way a gateway of an older release registers it: its row
+/// written, its tenant's epoch left alone.
+async fn register_as_an_older_gateway(c: &Cluster, user: &str, device: &str) {
+    let now = herald_shared::ids::now_ms() as i64;
+    sqlx::query(
+        "INSERT INTO devices (tenant_id, user_id, device_id, platform, watermark, registered_at, last_seen_at) \
+         VALUES (?, ?, ?, 'web', 0, ?, ?)",
+    )
+    .bind(TENANT)
+    .bind(user)
+    .bind(device)
+    .bind(now)
+    .bind(now)
+    .execute(&c.db().await)
+    .await
+    .unwrap();
+}
+
+/// Whether a gateway of an older release (announced as a live node, not among those
+/// that raise device epochs) runs beside the cluster's own.
+async fn older_gateway_runs(c: &Cluster, runs: bool) {
+    let (redis, keys) = (c.redis().await, c.keys());
+    if runs {
+        let live = Expiration::PX(120_000);
+        let _: () = redis.set(keys.node_live("older-gw"), 1, Some(live), None, false).await.unwrap();
+        let _: i64 = redis.sadd(keys.nodes(), "older-gw").await.unwrap();
+    } else {
+        let _: i64 = redis.srem(keys.nodes(), "older-gw").await.unwrap();
+        let _: i64 = redis.del(keys.node_live("older-gw")).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_an_older_gateway_registers_are_recipients_during_a_rolling_upgrade() {
+    let mut c = Cluster::new("rcache-upgrade");
+    c.start_worker(&[]).await;
+    c.start_gateway(&[]).await;
+    let alice = c.client(0, "alice", "a1");
+    alice.create_conversation(Some("g"), "group", &["alice", "bob"]).await.unwrap();
+    c.client(0, "bob", "b1").register_device().await.unwrap();
+    cache_in_use(&c, 1.0).await;
+    let (redis, keys) = (c.redis().await, c.keys());
+    let pending_for = |device: &'static str, id: u64| {
+        let (redis, keys) = (redis.clone(), keys.clone());
+        async move {
+            eventually(Duration::from_secs(10), &format!("message {id} pending for {device}"), || {
+                let (redis, keys) = (redis.clone(), keys.clone());
+                async move { pending_ids(&redis, &keys, "bob", device).await.contains(&id).then_some(()) }
+            })
+            .await
+        }
+    };
+    // The conversation's recipients are cached (a second send is served from memory).
+    for n in 0..2 {
+        let m = alice.send(&format!("m{n}"), "g", &json!(n)).await.unwrap();
+        pending_for("b1", m.id.0).await;
+    }
+    assert!(cache_hits(&c).await >= 1.0, "the second send was served from the cache");
+
+    // An older gateway joins: the cache is off. Messages keep going; a device it
+    // registers between two of them gets the second.
+    older_gateway_runs(&c, true).await;
+    cache_in_use(&c, 0.0).await;
+    let m = alice.send("m2", "g", &json!(2)).await.unwrap();
+    pending_for("b1", m.id.0).await;
+    register_as_an_older_gateway(&c, "bob", "b2").await;
+    let m = alice.send("m3", "g", &json!(3)).await.unwrap();
+    pending_for("b2", m.id.0).await;
+
+    // It goes, the cache is used again; another older gateway comes and registers a
+    // device, and goes before any message is sent: what was cached before it came is
+    // not used after it went.
+    older_gateway_runs(&c, false).await;
+    cache_in_use(&c, 1.0).await;
+    for n in 4..6 {
+        let m = alice.send(&format!("m{n}"), "g", &json!(n)).await.unwrap();
+        pending_for("b2", m.id.0).await;
+    }
+    older_gateway_runs(&c, true).await;
+    cache_in_use(&c, 0.0).await;
+    register_as_an_older_gateway(&c, "bob", "b3").await;
+    older_gateway_runs(&c, false).await;
+    cache_in_use(&c, 1.0).await;
+    let m = alice.send("m6", "g", &json!(6)).await.unwrap();
+    pending_for("b3", m.id.0).await;
 }
