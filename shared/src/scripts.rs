@@ -1,12 +1,13 @@
 //! Every Lua script Herald runs, in one place. Each script's source is a file in
 //! `shared/src/lua/` whose header states its KEYS/ARGV contract; scripts run by
-//! `EVALSHA` and are loaded (on every master of a cluster) when Redis does not know them
-//! yet, after a restart for instance.
+//! `EVALSHA`; one Redis does not know yet (after a restart, a failover) runs by `EVAL`
+//! with its source, and for pipelined ones the scripts are loaded (on every master of a
+//! cluster) and the pipeline is sent again.
 
 use std::sync::OnceLock;
 
 use fred::error::Error;
-use fred::prelude::Client;
+use fred::prelude::{Client, LuaInterface};
 use fred::types::scripts::Script;
 use fred::types::{FromValue, MultipleKeys, MultipleValues};
 
@@ -36,7 +37,10 @@ impl Lua {
         self.script.get_or_init(|| Script::from_lua(self.source))
     }
 
-    /// Runs the script (`EVALSHA`, loading it on `NOSCRIPT`).
+    /// Runs the script: `EVALSHA`, and on `NOSCRIPT` `EVAL` with its source, which runs
+    /// it and loads it in one command. (Loading it first and calling it by hash again
+    /// would leave a window for Redis to forget it once more, a `SCRIPT FLUSH` or a
+    /// failover in between, and fail the call.)
     pub async fn call<R, K, V>(&self, client: &Client, keys: K, args: V) -> Result<R, Error>
     where
         R: FromValue,
@@ -44,7 +48,12 @@ impl Lua {
         V: TryInto<MultipleValues> + Send,
         V::Error: Into<Error> + Send,
     {
-        self.script().evalsha_with_reload(client, keys, args).await
+        let keys: MultipleKeys = keys.into();
+        let args: MultipleValues = args.try_into().map_err(Into::into)?;
+        match client.evalsha(self.script().sha1().clone(), keys.clone(), args.clone()).await {
+            Err(e) if e.details().starts_with("NOSCRIPT") => client.eval(self.source, keys, args).await,
+            result => result,
+        }
     }
 }
 

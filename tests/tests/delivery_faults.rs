@@ -289,3 +289,33 @@ async fn a_redis_that_forgot_its_scripts_still_gets_every_frame_and_delivery() {
     })
     .await;
 }
+
+/// A script call lands while Redis keeps forgetting its scripts: loading it and then
+/// calling it by hash would leave a window for the next `SCRIPT FLUSH` (a failover, a
+/// restart) in between, where the call failed and the session that made it was closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_call_lands_while_redis_keeps_forgetting_its_scripts() {
+    use fred::prelude::LuaInterface;
+    use herald_shared::scripts::SEQ_RAISE;
+    let redis = RedisServer::start().await;
+    let c = Cluster::with_redis("forgetful", redis.url());
+    let (caller, flusher) = (c.redis().await, c.redis().await);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flushes = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _: () = flusher.script_flush(false).await.unwrap();
+                n += 1;
+            }
+            n
+        }
+    });
+    for seq in 1..=2_000i64 {
+        let raised: Result<i64, _> = SEQ_RAISE.call(&caller, vec!["forgetful:seq"], vec![60, seq]).await;
+        assert_eq!(raised.unwrap_or_else(|e| panic!("call {seq}: {e}")), 1, "call {seq}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(flushes.await.unwrap() > 100, "Redis was not made to forget its scripts often");
+}
