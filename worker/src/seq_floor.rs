@@ -17,6 +17,7 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 use herald_shared::keys::Keys;
 use herald_shared::names::{NameMap, Names2};
+use herald_shared::redis::Batch;
 use herald_shared::scripts;
 
 use crate::batch::Committed;
@@ -140,42 +141,34 @@ impl SeqFloors {
         self.known.lock().expect("seq floors").raise(tenant, conv, seq);
     }
 
-    /// Raises the seen seq of the conversations of `msgs` in Redis, before their
-    /// devices are told: one pipeline of script calls, each raising every conversation
-    /// of the run whose key shares a cluster slot (all of them on a single Redis), at
-    /// most [`RAISE_KEYS`] per call. A call per conversation cost Redis a script call
-    /// per message.
-    pub async fn raise(&self, msgs: &[&Committed]) -> Result<(), Error> {
+    /// Adds to `batch` the calls that raise the seen seq of the conversations of
+    /// `msgs`, to be answered before their devices are told: each call raises every
+    /// conversation of the run whose key shares a cluster slot (all of them on a single
+    /// Redis), at most [`RAISE_KEYS`] per call. A call per conversation cost Redis a
+    /// script call per message. Returns how many calls were added; a call Redis does
+    /// not know the script for answers `NOSCRIPT`.
+    pub fn push_raise<'a>(&self, batch: &mut Batch<'a>, client: &'a Client, msgs: &[&Committed]) -> usize {
         let mut highest: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for m in msgs {
             let e = highest.entry((m.tenant.as_str(), m.conv.as_str())).or_insert(0);
             *e = (*e).max(m.seq);
         }
-        let client = self.redis.next();
         let calls = raise_calls(
             highest.into_iter().map(|((t, c), seq)| (self.keys.seq_seen(t, c), seq)),
             client.is_clustered(),
         );
-        let run = || async {
-            let pipe = client.pipeline();
-            for call in &calls {
-                let mut args: Vec<Value> = Vec::with_capacity(3 + 2 * call.len());
-                args.push(scripts::SEQ_RAISE.script().sha1().clone().into());
-                args.push((call.len() as i64).into());
-                args.extend(call.iter().map(|(key, _)| Value::from(key.as_str())));
-                args.push(SEEN_TTL_S.into());
-                args.extend(call.iter().map(|(_, seq)| Value::from(*seq as i64)));
-                let _: () = pipe.custom(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), args).await?;
-            }
-            pipe.all::<Value>().await.map(|_| ())
-        };
-        match run().await {
-            Err(e) if e.to_string().contains("NOSCRIPT") => {
-                scripts::SEQ_RAISE.script().load(client).await?;
-                run().await
-            }
-            other => other,
+        let added = calls.len();
+        for call in calls {
+            let mut args: Vec<Value> = Vec::with_capacity(3 + 2 * call.len());
+            args.push(scripts::SEQ_RAISE.script().sha1().clone().into());
+            args.push((call.len() as i64).into());
+            let seqs: Vec<Value> = call.iter().map(|&(_, seq)| Value::from(seq as i64)).collect();
+            args.extend(call.into_iter().map(|(key, _)| Value::from(key)));
+            args.push(SEEN_TTL_S.into());
+            args.extend(seqs);
+            batch.push(client.custom::<Value, _>(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), args));
         }
+        added
     }
 }
 
@@ -274,11 +267,20 @@ mod tests {
         let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
         let keys = Keys::new(format!("ut{:08x}", rand::random::<u32>()));
         let floors = SeqFloors::new(redis.clone(), keys.clone());
-        let run = [committed("a", 3), committed("b", 7), committed("a", 5)];
-        floors.raise(&run.iter().collect::<Vec<_>>()).await.expect("raised");
-        let redo = [committed("a", 4), committed("b", 2), committed("c", 1)];
-        floors.raise(&redo.iter().collect::<Vec<_>>()).await.expect("raised");
         let client = redis.next();
+        scripts::SEQ_RAISE.script().load(client).await.expect("loaded");
+        let raise = |run: Vec<Committed>| {
+            let floors = &floors;
+            async move {
+                let mut batch = Batch::new();
+                assert_eq!(floors.push_raise(&mut batch, client, &run.iter().collect::<Vec<_>>()), 1, "one call");
+                for r in batch.run().await {
+                    r.expect("raised");
+                }
+            }
+        };
+        raise(vec![committed("a", 3), committed("b", 7), committed("a", 5)]).await;
+        raise(vec![committed("a", 4), committed("b", 2), committed("c", 1)]).await;
         for (conv, want) in [("a", 5), ("b", 7), ("c", 1)] {
             let seen: Option<u64> = client.get(keys.seq_seen("t", conv)).await.unwrap();
             assert_eq!(seen, Some(want), "conversation {conv}");

@@ -200,20 +200,13 @@ impl Fanout {
         }
 
         let client = self.redis.next();
-        // Devices are told only after both (the PUBLISH below).
-        let raise = async {
-            if let Some(floors) = &self.floors {
-                floors.raise(&msgs).await
-            } else {
-                Ok(())
-            }
-        };
-        let (raised, written) = tokio::join!(raise, self.write(client, &msgs, &frames, &plans));
-        raised?;
-        let results = match written {
+        // The seq floors are raised with the writes; devices are told only after (the
+        // PUBLISH below).
+        let results = match self.write(client, &msgs, &frames, &plans).await {
             Err(e) if e.to_string().contains("NOSCRIPT") => {
                 scripts::FANOUT.script().load(client).await?;
                 scripts::FRAMES_SET.script().load(client).await?;
+                scripts::SEQ_RAISE.script().load(client).await?;
                 self.write(client, &msgs, &frames, &plans).await?
             }
             other => other?,

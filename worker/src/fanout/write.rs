@@ -1,5 +1,5 @@
-//! The fan-out's writes: frames, and pending entries through the fan-out script, sent
-//! together (one socket write, [`Batch`]).
+//! The fan-out's writes: the conversations' seq floors, frames, and pending entries
+//! through the fan-out script, sent together (one socket write, [`Batch`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,6 +42,10 @@ impl Fanout {
         plans: &BTreeMap<(&'a str, &'a str), UserPlan<'a>>,
     ) -> Result<Vec<Vec<Written<'a>>>, fred::error::Error> {
         let mut batch = Batch::new();
+        // The conversations' seq floors first (`crate::seq_floor`), in the same write.
+        if let Some(floors) = &self.floors {
+            floors.push_raise(&mut batch, client, msgs);
+        }
         // A recall or edit drops its message's stored frame: devices that still owe it
         // read it from MySQL, as it is now. A frame dropped in the same run is not
         // stored at all.
@@ -76,7 +80,8 @@ impl Fanout {
         for id in &stale {
             batch.push(client.del::<Value, _>(self.keys.message(*id)));
         }
-        let frame_writes = batch.len();
+        // The raises and the frames: any failed fails the fan-out (it is done again).
+        let stores = batch.len();
         let plans: Vec<(&(&str, &str), &UserPlan)> = plans.iter().collect();
         let calls = calls(&self.keys, &plans, client.is_clustered());
         for call in &calls {
@@ -124,7 +129,7 @@ impl Fanout {
                 .push(client.custom::<Value, _>(CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false), command));
         }
         let mut results = batch.run().await.into_iter();
-        for r in results.by_ref().take(frame_writes) {
+        for r in results.by_ref().take(stores) {
             r?;
         }
         let mut devices: Vec<Vec<Written>> = vec![Vec::new(); plans.len()];
