@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""What a commit costs MariaDB by itself: its CPU per transaction for the statements a
+Herald commit sends, from one client with nothing else running, against smaller
+transactions of the same rows (for docs/benchmarks.md).
+
+    python3 scripts/commit-floor.py [--db herald_capacity] [--commits 1000] [--rounds 6]
+
+--db is a Herald database to copy the tables' definitions from (scripts/capacity.sh
+leaves herald_capacity); the rows go to a scratch database, herald_commit_floor, dropped
+at the end. Each shape runs --commits transactions per round, the shapes interleaved
+round by round (the machine drifts); the medians of the rounds are printed. MariaDB's
+CPU is read from /proc of the local mariadbd, so run it on the database's machine, with
+nothing else using MariaDB. Needs PyMySQL (pip install pymysql).
+
+Shapes, one message per transaction unless said:
+  herald        two round trips, as the worker's commit: BEGIN, the shard's fence (a
+                shared lock), the conversation's row (FOR UPDATE) and the tenant's device
+                epoch; then the message, the conversation's last_seq and the fan-out's
+                outbox row, each with the commit's deadline (SET STATEMENT), and COMMIT
+  herald x3     the same with three messages of three conversations
+  one trip      the same statements in one round trip
+  writes only   BEGIN, the three writes and COMMIT in one round trip
+  bare insert   BEGIN, the message alone and COMMIT
+"""
+import argparse
+import os
+import random
+import time
+
+import pymysql
+from pymysql.constants import CLIENT
+
+SCRATCH = "herald_commit_floor"
+TABLES = ["messages", "conversations", "outbox_events", "shard_fences", "device_epochs"]
+CONVERSATIONS = 1000
+
+
+def mariadb_cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hexed(s: str) -> str:
+    """A text literal as the worker writes it (`_utf8mb4 X'...'`)."""
+    return "_utf8mb4 X'" + s.encode().hex() + "'"
+
+
+def connect(db=None):
+    return pymysql.connect(host=os.environ.get("MARIADB_HOST", "127.0.0.1"), user=os.environ.get("MARIADB_USER", "root"),
+                           password=os.environ.get("MARIADB_PASSWORD", ""), database=db,
+                           client_flag=CLIENT.MULTI_STATEMENTS, autocommit=True)
+
+
+def run(cur, sql: str):
+    cur.execute(sql)
+    while cur.nextset():
+        pass
+
+
+class Shapes:
+    def __init__(self):
+        self.seqs = {}
+        self.next_id = 388_409_877_844_000_768 + random.randrange(10**12)
+
+    def reads(self, convs):
+        ids = ", ".join(hexed(c) for c in convs)
+        return [
+            "BEGIN",
+            "SELECT shard, token FROM shard_fences WHERE shard IN (1) LOCK IN SHARE MODE",
+            "SELECT tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at FROM conversations "
+            f"WHERE ((tenant_id = {hexed('bench')} AND id IN ({ids}))) ORDER BY tenant_id, id FOR UPDATE",
+            f"SELECT tenant_id, epoch FROM device_epochs WHERE tenant_id IN ({hexed('bench')})",
+        ]
+
+    def writes(self, convs, only_message=False):
+        deadline = "SET STATEMENT max_statement_time = 0.816 FOR "
+        body = hexed('{"text":"' + "x" * 90 + '"}')
+        out = []
+        for c in convs:
+            self.next_id += 1
+            seq = self.seqs[c] = self.seqs.get(c, 0) + 1
+            out.append(f"{deadline}INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, "
+                       f"client_msg_id, body, created_at, op_digest) VALUES ({self.next_id}, {hexed('bench')}, "
+                       f"{hexed(c)}, {seq}, {hexed('u-' + c)}, {hexed('d1')}, {hexed('m' + str(self.next_id))}, "
+                       f"{body}, 1796671331183, {self.next_id % 10**18})")
+            if only_message:
+                continue
+            out.append(f"{deadline}INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, "
+                       f"last_active_at) VALUES ({hexed('bench')}, {hexed(c)}, {hexed('direct')}, 1, {seq}, "
+                       f"{self.next_id}, 1796671331183) ON DUPLICATE KEY UPDATE last_seq = VALUES(last_seq), "
+                       "last_msg_id = VALUES(last_msg_id), last_active_at = VALUES(last_active_at)")
+        if not only_message:
+            payload = hexed('{"ids":[1]}')
+            out.append(f"{deadline}INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, "
+                       f"created_at, updated_at) VALUES ('fanout', {payload}, 'PENDING', 0, 1, 1, 1)")
+        return out
+
+    def transaction(self, shape):
+        convs = [f"c{random.randrange(CONVERSATIONS):05d}" for _ in range(3 if shape == "herald x3" else 1)]
+        if shape in ("herald", "herald x3"):
+            return ["; ".join(self.reads(convs)), "; ".join(self.writes(convs) + ["COMMIT"])]
+        if shape == "one trip":
+            return ["; ".join(self.reads(convs) + self.writes(convs) + ["COMMIT"])]
+        if shape == "writes only":
+            return ["; ".join(["BEGIN"] + self.writes(convs) + ["COMMIT"])]
+        return ["; ".join(["BEGIN"] + self.writes(convs, only_message=True) + ["COMMIT"])]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default="herald_capacity")
+    ap.add_argument("--commits", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=6)
+    args = ap.parse_args()
+    pids = os.popen("pgrep -x mariadbd || pgrep -x mysqld").read().split()
+    if not pids:
+        raise SystemExit("commit-floor.py: no local mariadbd to read the CPU of")
+    pid = int(pids[0])
+
+    admin = connect()
+    cur = admin.cursor()
+    run(cur, f"DROP DATABASE IF EXISTS {SCRATCH}; CREATE DATABASE {SCRATCH}")
+    for t in TABLES:
+        run(cur, f"CREATE TABLE {SCRATCH}.{t} LIKE {args.db}.{t}")
+    rows = ", ".join(f"('bench', 'c{i:05d}', 'direct', NULL, 0, NULL, 1, 1)" for i in range(CONVERSATIONS))
+    run(cur, f"INSERT INTO {SCRATCH}.shard_fences VALUES (1, 7); INSERT INTO {SCRATCH}.device_epochs VALUES ('bench', 3); "
+             f"INSERT INTO {SCRATCH}.conversations VALUES {rows}")
+
+    conn = connect(SCRATCH)
+    c = conn.cursor()
+    shapes = Shapes()
+    names = ["herald", "herald x3", "one trip", "writes only", "bare insert"]
+    results = {n: [] for n in names}
+    try:
+        for r in range(args.rounds):
+            for name in names:
+                cpu0, wall0 = mariadb_cpu_s(pid), time.monotonic()
+                for _ in range(args.commits):
+                    for trip in shapes.transaction(name):
+                        run(c, trip)
+                cpu, wall = mariadb_cpu_s(pid) - cpu0, time.monotonic() - wall0
+                results[name].append((cpu / args.commits * 1e6, wall / args.commits * 1e6))
+            print(f"round {r + 1} of {args.rounds} done", flush=True)
+    finally:
+        conn.close()
+        run(cur, f"DROP DATABASE IF EXISTS {SCRATCH}")
+        admin.close()
+
+    print("| shape | MariaDB CPU us per transaction, median (min - max) | wall us per transaction, median |")
+    print("|---|---|---|")
+    for name in names:
+        cpu = sorted(x[0] for x in results[name])
+        wall = sorted(x[1] for x in results[name])
+        print(f"| {name} | {cpu[len(cpu) // 2]:.0f} ({cpu[0]:.0f} - {cpu[-1]:.0f}) | {wall[len(wall) // 2]:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
