@@ -19,6 +19,11 @@ Shapes, one message per transaction unless said:
                 outbox row, each with the commit's deadline (SET STATEMENT), and COMMIT
   herald x3     the same with three messages of three conversations
   one trip      the same statements in one round trip
+  checked       one round trip that checks on the server what the worker expects (an
+                anonymous block, MariaDB only): the fence's token and each
+                conversation's last_seq read under the same locks, the transaction
+                rolled back with an error if either differs, the epoch returned, the
+                writes and COMMIT
   writes only   BEGIN, the three writes and COMMIT in one round trip
   bare insert   BEGIN, the message alone and COMMIT
 """
@@ -95,15 +100,33 @@ class Shapes:
                        f"created_at, updated_at) VALUES ('fanout', {payload}, 'PENDING', 0, 1, 1, 1)")
         return out
 
+    def checked(self, convs):
+        expected = {c: self.seqs.get(c, 0) for c in convs}
+        body = ["BEGIN NOT ATOMIC", "DECLARE t BIGINT UNSIGNED;", "DECLARE s BIGINT UNSIGNED;", "START TRANSACTION;",
+                "SELECT token INTO t FROM shard_fences WHERE shard = 1 LOCK IN SHARE MODE;",
+                "IF t IS NULL OR t <> 7 THEN ROLLBACK; SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'fenced'; END IF;"]
+        for c in sorted(set(convs)):
+            body.append(f"SELECT last_seq INTO s FROM conversations WHERE tenant_id = {hexed('bench')} "
+                        f"AND id = {hexed(c)} FOR UPDATE;")
+            body.append(f"IF s IS NULL OR s <> {expected[c]} THEN ROLLBACK; "
+                        "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'moved'; END IF;")
+        body.append(f"SELECT tenant_id, epoch FROM device_epochs WHERE tenant_id IN ({hexed('bench')});")
+        body += [w + ";" for w in self.writes(convs)]
+        body += ["COMMIT;", "END"]
+        return " ".join(body)
+
     def transaction(self, shape):
         convs = [f"c{random.randrange(CONVERSATIONS):05d}" for _ in range(3 if shape == "herald x3" else 1)]
         if shape in ("herald", "herald x3"):
             return ["; ".join(self.reads(convs)), "; ".join(self.writes(convs) + ["COMMIT"])]
         if shape == "one trip":
             return ["; ".join(self.reads(convs) + self.writes(convs) + ["COMMIT"])]
+        if shape == "checked":
+            return [self.checked(convs)]
         if shape == "writes only":
             return ["; ".join(["BEGIN"] + self.writes(convs) + ["COMMIT"])]
-        return ["; ".join(["BEGIN"] + self.writes(convs, only_message=True) + ["COMMIT"])]
+        # Conversations of their own: these messages leave last_seq where it is.
+        return ["; ".join(["BEGIN"] + self.writes(["x" + c for c in convs], only_message=True) + ["COMMIT"])]
 
 
 def main():
@@ -129,7 +152,7 @@ def main():
     conn = connect(SCRATCH)
     c = conn.cursor()
     shapes = Shapes()
-    names = ["herald", "herald x3", "one trip", "writes only", "bare insert"]
+    names = ["herald", "herald x3", "one trip", "checked", "writes only", "bare insert"]
     results = {n: [] for n in names}
     try:
         for r in range(args.rounds):
