@@ -171,3 +171,139 @@ async fn the_mysql_dialect_commits_only_while_the_ids_are_fresh() {
     assert!(matches!(refused, Err(CommitError::StaleIds(_))), "{refused:?}");
     assert_eq!((messages, last_seq), (1, 1), "the stale batch was rolled back");
 }
+
+/// A batch whose conversation this process committed last goes in one round trip,
+/// checked on the server (`checked.rs`); whenever what it assumed moved (another
+/// writer's commit, a device change, a new fencing token), a lock is held elsewhere, or
+/// it ran past the ids' freshness, the block writes nothing and the two-round-trip
+/// commit numbers the batch from what the locks hold.
+#[tokio::test]
+async fn a_batch_commits_in_one_round_trip_only_while_what_it_assumed_holds() {
+    let scratch = ScratchDb::create("checked").await.expect("a fresh schema");
+    let db = herald_shared::db::pool(&scratch.url, 4, None).expect("pool");
+    let seen = now_ms() as i64;
+    db.execute(
+        format!(
+            "INSERT INTO conversations (tenant_id, id, kind, created_at, last_active_at) VALUES ('t', 'c', 'group', 0, 0); \
+             INSERT INTO members (tenant_id, conv_id, user_id, joined_at) VALUES ('t', 'c', 'alice', 0), ('t', 'c', 'bob', 0); \
+             INSERT INTO devices (tenant_id, user_id, device_id, platform, registered_at, last_seen_at) \
+             VALUES ('t', 'bob', 'b1', 'web', {seen}, {seen}); \
+             INSERT INTO device_epochs (tenant_id, epoch) VALUES ('t', 1); \
+             INSERT INTO shard_fences (shard, token) VALUES (0, 1)"
+        )
+        .as_str(),
+    )
+    .await
+    .expect("a conversation");
+    let url = std::env::var("IT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let redis = herald_shared::redis::pool(&url, &Default::default(), 1).await.expect("the test Redis");
+    let keys = herald_shared::keys::Keys::new(format!("ut{:08x}", rand::random::<u32>()));
+    let ids = IdSource::new();
+    ids.maintain(&redis, &keys, std::time::Duration::from_secs(30)).await.expect("an id lease");
+    let entry = |cmid: &str| IngressEntry {
+        tenant: "t".into(),
+        user: "alice".into(),
+        device: "a1".into(),
+        cmid: cmid.into(),
+        conv: "c".into(),
+        body: "{}".into(),
+        node: "n".into(),
+        rid: 0,
+        trace: None,
+    };
+    let fence = [Fence { shard: 0, token: 1 }];
+    let floors = std::sync::Arc::new(crate::seq_floor::SeqFloors::new(redis.clone(), keys.clone()));
+    let pipeline =
+        CommitPipeline::new(db.clone(), 1, 1_000, 2_000, 86_400_000, Dialect::MariaDb, floors.clone(), 1_000);
+    pipeline.allow_recipient_cache(true);
+    let mut conn = db.acquire().await.expect("a connection").detach();
+    let messages = |db: MySqlPool| async move {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages").fetch_one(&db).await.expect("count");
+        n
+    };
+
+    // Nothing held yet: read in two round trips, which fills the cache.
+    assert!(one_trip(&pipeline, &mut conn, &ids, entry("m0")).await.expect("ok").is_none());
+    pipeline.commit(&[entry("m1")], &ids, &fence).await.expect("committed in two round trips");
+
+    let done =
+        one_trip(&pipeline, &mut conn, &ids, entry("m2")).await.expect("ok").expect("committed in one round trip");
+    let Outcome::Done(r) = &done.outcomes[0] else { panic!("{:?}", done.outcomes) };
+    assert_eq!((r.seq, r.dup), (2, false));
+    let devices: Vec<&str> = done.recipients.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(devices, ["b1"], "the held recipients");
+    let (seq, last, outbox): (u64, u64, u64) = sqlx::query_as(
+        "SELECT m.seq, c.last_msg_id, (SELECT MAX(id) FROM outbox_events) FROM messages m \
+         JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conv_id WHERE m.client_msg_id = 'm2'",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("m2 committed");
+    assert_eq!((seq, last, Some(outbox)), (2, r.id.0, done.outbox_id));
+
+    // Another writer (a timeline event) moved the conversation: refused, nothing
+    // written, and the two-round-trip commit numbers past it.
+    db.execute("UPDATE conversations SET last_seq = 3 WHERE id = 'c'").await.expect("moved");
+    assert!(one_trip(&pipeline, &mut conn, &ids, entry("m3")).await.expect("ok").is_none(), "last_seq moved");
+    assert_eq!(messages(db.clone()).await, 2);
+    let done = pipeline.commit(&[entry("m3")], &ids, &fence).await.expect("committed");
+    assert!(matches!(&done.outcomes[..], [Outcome::Done(r)] if r.seq == 4), "{:?}", done.outcomes);
+
+    // A device of the tenant changed (its epoch moved).
+    db.execute("UPDATE device_epochs SET epoch = 2").await.expect("epoch");
+    assert!(one_trip(&pipeline, &mut conn, &ids, entry("m4")).await.expect("ok").is_none(), "the epoch moved");
+    pipeline.commit(&[entry("m4")], &ids, &fence).await.expect("read again");
+    assert!(one_trip(&pipeline, &mut conn, &ids, entry("m5")).await.expect("ok").is_some(), "held again as read");
+
+    // The conversation is locked by another transaction: refused at once, not waited for.
+    let mut holder = db.begin().await.expect("another transaction");
+    sqlx::query("SELECT id FROM conversations WHERE id = 'c' FOR UPDATE").fetch_all(&mut *holder).await.expect("lock");
+    let started = std::time::Instant::now();
+    assert!(one_trip(&pipeline, &mut conn, &ids, entry("m6")).await.expect("ok").is_none(), "locked elsewhere");
+    let waited = started.elapsed();
+    holder.rollback().await.expect("released");
+    let wait: u64 =
+        sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout").fetch_one(&mut conn).await.expect("wait");
+    let global: u64 =
+        sqlx::query_scalar("SELECT @@GLOBAL.innodb_lock_wait_timeout").fetch_one(&mut conn).await.expect("wait");
+    assert_eq!(wait, global, "the refused block left the session's lock wait as it was");
+
+    // A new owner took the shard: refused, and the two-round-trip commit says fenced.
+    db.execute("UPDATE shard_fences SET token = 2").await.expect("taken over");
+    assert!(one_trip(&pipeline, &mut conn, &ids, entry("m7")).await.expect("ok").is_none(), "fenced");
+    let fenced = pipeline.commit(&[entry("m7")], &ids, &fence).await;
+    assert!(matches!(fenced, Err(CommitError::Fenced(0))), "{fenced:?}");
+    db.execute("UPDATE shard_fences SET token = 1").await.expect("back");
+
+    // Ids may be at most 100 ms old at COMMIT: the block is sent with 50 ms left, and a
+    // table lock held elsewhere for 300 ms keeps its outbox insert waiting past them.
+    let short = CommitPipeline::new(db.clone(), 1, 1_000, 200, 86_400_000, Dialect::MariaDb, floors, 1_000);
+    short.allow_recipient_cache(true);
+    short.commit(&[entry("m8")], &ids, &fence).await.expect("fills its cache");
+    let before = messages(db.clone()).await;
+    let mut holder = db.acquire().await.expect("another session");
+    sqlx::query("LOCK TABLES outbox_events WRITE").execute(&mut *holder).await.expect("table lock");
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        sqlx::query("UNLOCK TABLES").execute(&mut *holder).await.expect("unlock");
+    });
+    let late = one_trip(&short, &mut conn, &ids, entry("m9")).await;
+    release.await.expect("released");
+    let after = messages(db.clone()).await;
+    drop(conn);
+    db.close().await;
+    scratch.remove().await;
+    assert!(waited < std::time::Duration::from_secs(1), "the locking read did not wait ({waited:?})");
+    assert!(matches!(late, Ok(None)), "{late:?}");
+    assert_eq!(after, before, "the late block was rolled back");
+}
+
+/// The batch of one entry committed in one round trip, if it can be (`checked.rs`).
+async fn one_trip(
+    p: &CommitPipeline,
+    conn: &mut MySqlConnection,
+    ids: &IdSource,
+    e: IngressEntry,
+) -> Result<Option<BatchResult>, CommitError> {
+    p.commit_checked(conn, &[e], ids, &[Fence { shard: 0, token: 1 }], Dedup::ByUniqueKey).await
+}
