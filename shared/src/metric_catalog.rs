@@ -234,10 +234,6 @@ pub const METRICS: &[Metric] = &[
         "herald_recipient_cache_total",
         "Conversations of commits by where their recipients came from: hit (the worker's cache), stale or miss (read).",
     ),
-    counter(
-        "herald_checked_commits_total",
-        "Batches committed in one round trip, checked on the server, by result: committed, or refused (committed in two).",
-    ),
     counter("herald_recipient_reads_total", "Commits that read recipients their worker's cache did not hold (a second round trip)."),
     gauge(
         "herald_recipient_cache_in_use",

@@ -50,12 +50,6 @@ impl Dialect {
         self == Dialect::MariaDb
     }
 
-    /// True when the server runs anonymous compound statements (`BEGIN NOT ATOMIC ...
-    /// END`), in which a commit checks what it assumed and commits in one round trip.
-    pub fn runs_blocks(self) -> bool {
-        self == Dialect::MariaDb
-    }
-
     /// The error a capped statement ends with when its time is up.
     pub fn is_statement_timeout(self, number: u16) -> bool {
         match self {
@@ -313,7 +307,6 @@ mod tests {
     fn mariadb_caps_each_write_and_mysql_checks_the_age_before_commit() {
         assert_eq!(Dialect::MariaDb.write_cap(250), "SET STATEMENT max_statement_time = 0.250 FOR ");
         assert!(Dialect::MariaDb.commits_with_writes());
-        assert!(Dialect::MariaDb.runs_blocks() && !Dialect::MySql.runs_blocks());
         assert!(Dialect::MariaDb.is_statement_timeout(1969));
         assert_eq!(Dialect::MySql.write_cap(250), "", "MySQL has no cap for writes: no MariaDB syntax");
         assert!(!Dialect::MySql.commits_with_writes(), "COMMIT waits for the age check");

@@ -118,27 +118,22 @@ impl SeqFloors {
     ) -> Result<(), Error> {
         let mut convs: Vec<(&str, &str, &mut u64)> = convs.into_iter().collect();
         let wanted: Vec<(&str, &str)> = convs.iter().map(|(t, c, _)| (*t, *c)).collect();
-        let floors = self.highest(&wanted).await;
-        for ((t, c, last_seq), floor) in convs.iter_mut().zip(floors) {
-            **last_seq = past_floor(t, c, **last_seq, floor);
-        }
-        Ok(())
-    }
-
-    /// The floors of `convs`, in order: the highest seq each may have shown.
-    pub async fn highest(&self, convs: &[(&str, &str)]) -> Vec<u64> {
         // Best effort: a commit never waits for Redis (an acknowledged message needs
         // MySQL only). Without Redis, this process's memory still guards the
         // conversations it numbered; a failover to a lagging MySQL replica while Redis
         // is also down is not caught (docs/reliability.md).
-        match self.floors(convs).await {
+        let floors = match self.floors(&wanted).await {
             Ok(floors) => floors,
             Err(e) => {
                 tracing::warn!(error = %e, "seq floors unread (Redis); numbering from MySQL and this process's memory");
                 let known = self.known.lock().expect("seq floors");
-                convs.iter().map(|&(t, c)| known.get(t, c).unwrap_or(0)).collect()
+                wanted.iter().map(|&(t, c)| known.get(t, c).unwrap_or(0)).collect()
             }
+        };
+        for ((t, c, last_seq), floor) in convs.iter_mut().zip(floors) {
+            **last_seq = past_floor(t, c, **last_seq, floor);
         }
+        Ok(())
     }
 
     /// Remembers a seq this process committed.

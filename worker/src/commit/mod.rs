@@ -13,9 +13,7 @@
 //! members and devices come from the recipients cache (`recipients.rs`) while they have
 //! not changed; a conversation it does not hold as of now costs one more round trip.
 //! Repeats of committed messages (same tenant, sender and cmid) are refused by the
-//! unique key; only then does the batch run again, looking them up first. On MariaDB,
-//! a batch whose conversations this process committed last goes in one round trip
-//! instead, checked on the server (`checked.rs`).
+//! unique key; only then does the batch run again, looking them up first.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -33,7 +31,6 @@ use crate::batch::{live_since, Committed, Recipient};
 use crate::lease::IdSource;
 use crate::seq_floor::SeqFloors;
 
-mod checked;
 mod connections;
 mod errors;
 mod fence;
@@ -47,7 +44,7 @@ use connections::CommitConnections;
 pub use errors::Failure;
 pub use fence::Fence;
 use herald_shared::sql_script::Script;
-use numbering::{number, Planned};
+use numbering::number;
 pub use outcome::{BatchResult, CommitError, Outcome};
 use recipients::{Device, Members, ReadAt, Recipients};
 
@@ -152,8 +149,6 @@ struct ConvState {
     /// `last_seq` as the lock read it.
     read_seq: u64,
     last_id: MsgId,
-    /// `last_msg_id` as the lock read it.
-    read_id: MsgId,
     last_active_at: i64,
     /// The current members and their live devices.
     members: Arc<Members>,
@@ -246,11 +241,6 @@ impl CommitPipeline {
         fences: &[Fence],
         dedup: Dedup,
     ) -> Result<BatchResult, CommitError> {
-        // In one round trip when the recipients cache holds every conversation as this
-        // process committed it last (`checked.rs`).
-        if let Some(done) = self.commit_checked(conn, entries, ids, fences, dedup).await? {
-            return Ok(done);
-        }
         let now = now_ms();
         // The conversations of the batch, sorted: locked in key order, so concurrent
         // batches never deadlock. (With repeats looked up, those of the repeats too:
@@ -334,9 +324,7 @@ impl CommitPipeline {
         let epoch_of = |tenant: &str| epochs.get(tenant).copied().unwrap_or(0);
         for row in locked {
             let (tenant, conv) = (row.text(0)?, row.text(1)?);
-            let last_id = MsgId(row.try_get::<Option<u64>, _>(5)?.unwrap_or(0));
-            let at =
-                ReadAt { created_at: row.try_get(3)?, last_seq: row.try_get(4)?, last_id, epoch: epoch_of(&tenant) };
+            let at = ReadAt { created_at: row.try_get(3)?, last_seq: row.try_get(4)?, epoch: epoch_of(&tenant) };
             let cached = caching.and_then(|_| self.recipients.get(&tenant, &conv, at, live_since));
             let members = cached.unwrap_or_else(|| {
                 unread.push(((tenant.clone(), conv.clone()), at));
@@ -349,8 +337,7 @@ impl CommitPipeline {
                     created_at: at.created_at,
                     last_seq: at.last_seq,
                     read_seq: at.last_seq,
-                    last_id,
-                    read_id: last_id,
+                    last_id: MsgId(row.try_get::<Option<u64>, _>(5)?.unwrap_or(0)),
                     last_active_at: row.try_get(6)?,
                     members,
                     changed: false,
@@ -384,10 +371,10 @@ impl CommitPipeline {
             }
             for (key, at) in unread {
                 let members = Arc::new(read.remove(&key).unwrap_or_default());
+                if let Some(generation) = caching {
+                    self.recipients.put(generation, &key.0, &key.1, at, members.clone());
+                }
                 if let Some(state) = convs.get_mut(&key) {
-                    if let Some(generation) = caching {
-                        self.recipients.put(generation, &key.0, &key.1, at, &state.kind, members.clone());
-                    }
                     state.members = members;
                 }
             }
@@ -420,7 +407,37 @@ impl CommitPipeline {
         };
         let mut writes = Script::default();
         if !planned.is_empty() {
-            push_writes(&mut writes, entries, &planned, &convs, &cap, now, now + self.first_retry_delay_ms);
+            // 4. The messages, in one statement.
+            writes.push(&cap).push(
+                "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at, op_digest) VALUES ",
+            );
+            for (n, (i, _, seq, id)) in planned.iter().enumerate() {
+                let e = &entries[*i];
+                writes.push(if n > 0 { ", (" } else { "(" }).int(id.0).push(", ").str(&e.tenant).push(", ");
+                writes.str(&e.conv).push(", ").int(*seq).push(", ").str(&e.user).push(", ").str(&e.device);
+                writes.push(", ").str(&e.cmid).push(", ").str(&e.body).push(", ").int(now);
+                writes.push(", ").int(e.digest()).push(")");
+            }
+            // 5. The conversations' new positions, in one statement (the rows exist and are locked).
+            writes.push("; ").push(&cap).push(
+                "INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) VALUES ",
+            );
+            for (n, ((t, id), c)) in convs.iter().filter(|(_, c)| c.changed).enumerate() {
+                writes.push(if n > 0 { ", (" } else { "(" }).str(t).push(", ").str(id).push(", ").str(&c.kind);
+                writes.push(", ").int(c.created_at).push(", ").int(c.last_seq).push(", ").int(c.last_id.0);
+                writes.push(", ").int(c.last_active_at).push(")");
+            }
+            writes.push(
+                " ON DUPLICATE KEY UPDATE last_seq = VALUES(last_seq), last_msg_id = VALUES(last_msg_id), \
+                 last_active_at = VALUES(last_active_at)",
+            );
+            // 6. One outbox row for the whole batch, due a little later: the immediate
+            // dispatch normally finishes it first.
+            let ids: Vec<String> = planned.iter().map(|p| p.3.to_string()).collect();
+            let payload = serde_json::json!({ "ids": ids }).to_string();
+            writes.push("; ").push(&cap).push("INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ");
+            writes.str(&payload).push(", 'PENDING', 0, ").int(now + self.first_retry_delay_ms).push(", ");
+            writes.int(now).push(", ").int(now).push(")");
             if self.dialect.commits_with_writes() {
                 writes.push("; COMMIT");
             }
@@ -447,19 +464,6 @@ impl CommitPipeline {
             commit.run(&mut *conn).await?;
         }
 
-        Ok(self.finish(result, &planned, entries, convs, now))
-    }
-
-    /// The batch's answer once COMMIT returned: its messages, and the devices of the
-    /// conversations it wrote to; the seq floors and the recipients cache move along.
-    fn finish(
-        &self,
-        mut result: BatchResult,
-        planned: &[Planned],
-        entries: &[IngressEntry],
-        convs: BTreeMap<(String, String), ConvState>,
-        now: u64,
-    ) -> BatchResult {
         result.committed = planned
             .iter()
             .map(|(i, _, seq, id)| {
@@ -482,9 +486,8 @@ impl CommitPipeline {
         for ((tenant, conv), c) in convs {
             if c.changed {
                 self.floors.remember(&tenant, &conv, c.last_seq);
-                // Committed under the lock the read (or the block's check) took, with
-                // no member change.
-                self.recipients.advance(&tenant, &conv, c.read_seq, (c.last_seq, c.last_id));
+                // Committed under the lock the read took, with no member change.
+                self.recipients.advance(&tenant, &conv, c.read_seq, c.last_seq);
                 result.recipients.extend(c.members.devices.iter().map(|d| Recipient {
                     tenant: tenant.clone(),
                     conv: conv.clone(),
@@ -496,7 +499,7 @@ impl CommitPipeline {
                 }));
             }
         }
-        result
+        Ok(result)
     }
 }
 
@@ -546,47 +549,4 @@ fn lock_conversations(script: &mut Script, wanted: &[(&str, &str)]) {
     );
     script.pairs("tenant_id", "id", wanted);
     script.push(" ORDER BY tenant_id, id FOR UPDATE");
-}
-
-/// The batch's writes, statements separated by `;`, each after `cap`: its new messages
-/// in one statement, its conversations' new positions in one, and one outbox row for
-/// the whole batch, due at `outbox_due` (the immediate dispatch normally finishes it
-/// first).
-fn push_writes(
-    writes: &mut Script,
-    entries: &[IngressEntry],
-    planned: &[Planned],
-    convs: &BTreeMap<(String, String), ConvState>,
-    cap: &str,
-    now: u64,
-    outbox_due: u64,
-) {
-    writes.push(cap).push(
-        "INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, client_msg_id, body, created_at, op_digest) VALUES ",
-    );
-    for (n, (i, _, seq, id)) in planned.iter().enumerate() {
-        let e = &entries[*i];
-        writes.push(if n > 0 { ", (" } else { "(" }).int(id.0).push(", ").str(&e.tenant).push(", ");
-        writes.str(&e.conv).push(", ").int(*seq).push(", ").str(&e.user).push(", ").str(&e.device);
-        writes.push(", ").str(&e.cmid).push(", ").str(&e.body).push(", ").int(now);
-        writes.push(", ").int(e.digest()).push(")");
-    }
-    // The rows exist and are locked.
-    writes.push("; ").push(cap).push(
-        "INSERT INTO conversations (tenant_id, id, kind, created_at, last_seq, last_msg_id, last_active_at) VALUES ",
-    );
-    for (n, ((t, id), c)) in convs.iter().filter(|(_, c)| c.changed).enumerate() {
-        writes.push(if n > 0 { ", (" } else { "(" }).str(t).push(", ").str(id).push(", ").str(&c.kind);
-        writes.push(", ").int(c.created_at).push(", ").int(c.last_seq).push(", ").int(c.last_id.0);
-        writes.push(", ").int(c.last_active_at).push(")");
-    }
-    writes.push(
-        " ON DUPLICATE KEY UPDATE last_seq = VALUES(last_seq), last_msg_id = VALUES(last_msg_id), \
-         last_active_at = VALUES(last_active_at)",
-    );
-    let ids: Vec<String> = planned.iter().map(|p| p.3.to_string()).collect();
-    let payload = serde_json::json!({ "ids": ids }).to_string();
-    writes.push("; ").push(cap).push("INSERT INTO outbox_events (kind, payload, status, retry_count, next_retry_at, created_at, updated_at) VALUES ('fanout', ");
-    writes.str(&payload).push(", 'PENDING', 0, ").int(outbox_due).push(", ");
-    writes.int(now).push(", ").int(now).push(")");
 }

@@ -19,10 +19,6 @@
 //!   since, or the janitor expires it, which raises the epoch).
 //! - **the conversation**: its `created_at`.
 //!
-//! On MariaDB a commit whose conversations are all held takes them as they are held
-//! ([`Recipients::known`]) and checks on the server, under the same locks, that the
-//! conversation and the epoch are still as read (`checked.rs`).
-//!
 //! Bounded by devices held: past the bound it starts again empty.
 //!
 //! A writer of an older release changes devices without raising the epoch, so the
@@ -33,7 +29,6 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use herald_shared::ids::MsgId;
 use herald_shared::names::{NameMap, Names2};
 
 /// A device of a current member: a recipient while it is seen within the device TTL.
@@ -69,8 +64,6 @@ pub(crate) struct ReadAt {
     pub created_at: i64,
     /// The conversation's `last_seq` as the lock read it.
     pub last_seq: u64,
-    /// Its `last_msg_id` (0 for none), read with `last_seq`.
-    pub last_id: MsgId,
     /// The tenant's device epoch, read before the devices.
     pub epoch: u64,
 }
@@ -78,8 +71,6 @@ pub(crate) struct ReadAt {
 #[derive(Debug)]
 struct Entry {
     at: ReadAt,
-    /// The conversation's kind (fixed at creation).
-    kind: String,
     oldest_seen: i64,
     members: Arc<Members>,
 }
@@ -93,15 +84,6 @@ struct Held {
     allowed: bool,
     /// Moves each time `allowed` changes: what was read under another one is not kept.
     generation: u64,
-}
-
-/// A held entry, as a commit checked on the server assumes its conversation to be
-/// (`checked.rs`).
-#[derive(Clone, Debug)]
-pub(crate) struct Known {
-    pub at: ReadAt,
-    pub kind: String,
-    pub members: Arc<Members>,
 }
 
 /// The cache as a commit found it before its reads: what it reads is kept only if the
@@ -177,19 +159,8 @@ impl Recipients {
         Some(entry.members.clone())
     }
 
-    /// The entry held for the conversation, if none of its devices was last seen before
-    /// `live_since`: what a commit may assume and check under the locks instead of
-    /// reading (the check compares `at` and the epoch; the caller falls back to reading
-    /// when they differ).
-    pub fn known(&self, tenant: &str, conv: &str, live_since: i64) -> Option<Known> {
-        let held = self.held.lock().expect("recipients cache");
-        let entry = held.entries.get(&Names2(tenant, conv)).filter(|e| e.oldest_seen >= live_since)?;
-        self.hits.increment(1);
-        Some(Known { at: entry.at, kind: entry.kind.clone(), members: entry.members.clone() })
-    }
-
     /// Keeps what was read at `at` in generation `read_in`, unless a later read is held.
-    pub fn put(&self, read_in: Generation, tenant: &str, conv: &str, at: ReadAt, kind: &str, members: Arc<Members>) {
+    pub fn put(&self, read_in: Generation, tenant: &str, conv: &str, at: ReadAt, members: Arc<Members>) {
         let mut held = self.held.lock().expect("recipients cache");
         if !held.allowed || held.generation != read_in.0 {
             return;
@@ -208,19 +179,19 @@ impl Recipients {
             held.entries.clear();
             held.size = 0;
         }
-        let entry = Entry { at, kind: kind.to_owned(), oldest_seen: members.oldest_seen(), members };
+        let entry = Entry { at, oldest_seen: members.oldest_seen(), members };
         held.size += size;
         held.entries.insert((tenant.to_owned(), conv.to_owned()), entry);
     }
 
     /// This process committed messages (and no member change) to the conversation,
-    /// taking its `last_seq` from `from` to `to.0` and its `last_msg_id` to `to.1`
-    /// under the lock its read took: an entry valid at `from` is valid at `to`.
-    pub fn advance(&self, tenant: &str, conv: &str, from: u64, to: (u64, MsgId)) {
+    /// taking its `last_seq` from `from` to `to` under the lock its read took: an entry
+    /// valid at `from` is valid at `to`.
+    pub fn advance(&self, tenant: &str, conv: &str, from: u64, to: u64) {
         let mut held = self.held.lock().expect("recipients cache");
         if let Some(e) = held.entries.get_mut(&Names2(tenant, conv)) {
             if e.at.last_seq == from {
-                (e.at.last_seq, e.at.last_id) = to;
+                e.at.last_seq = to;
             }
         }
     }
@@ -245,7 +216,7 @@ mod tests {
         Arc::new(Members { users: ["alice".to_owned(), "bob".to_owned()].into(), devices })
     }
 
-    const AT: ReadAt = ReadAt { created_at: 1, last_seq: 10, last_id: MsgId(100), epoch: 3 };
+    const AT: ReadAt = ReadAt { created_at: 1, last_seq: 10, epoch: 3 };
 
     /// A cache in use, and the generation its reads belong to.
     fn open(capacity: usize) -> (Recipients, Generation) {
@@ -258,7 +229,7 @@ mod tests {
     #[test]
     fn an_entry_is_used_only_as_read() {
         let (cache, g) = open(100);
-        cache.put(g, "t", "c", AT, "group", members(&[50, 60]));
+        cache.put(g, "t", "c", AT, members(&[50, 60]));
         assert_eq!(cache.get("t", "c", AT, 50), Some(members(&[50, 60])));
         assert!(cache.get("t", "c", ReadAt { last_seq: 11, ..AT }, 0).is_none(), "another writer committed");
         assert!(cache.get("t", "c", ReadAt { epoch: 4, ..AT }, 0).is_none(), "the tenant's devices changed");
@@ -268,46 +239,27 @@ mod tests {
         assert!(cache.get("t", "d", AT, 0).is_none(), "another conversation id");
     }
 
-    /// What a commit in one round trip assumes: the entry as held, while none of its
-    /// devices is past the TTL; the server checks the rest.
-    #[test]
-    fn a_held_entry_is_known_as_held_until_a_device_is_past_its_ttl() {
-        let (cache, g) = open(100);
-        assert!(cache.known("t", "c", 0).is_none(), "nothing held");
-        cache.put(g, "t", "c", AT, "group", members(&[50, 60]));
-        cache.advance("t", "c", 10, (11, MsgId(110)));
-        let known = cache.known("t", "c", 50).expect("held");
-        assert_eq!(known.at, ReadAt { last_seq: 11, last_id: MsgId(110), ..AT });
-        assert_eq!((known.kind.as_str(), known.members), ("group", members(&[50, 60])));
-        assert!(cache.known("t", "c", 51).is_none(), "a device past its TTL by what was read");
-    }
-
     #[test]
     fn own_commits_move_an_entry_along_and_others_leave_it_behind() {
         let (cache, g) = open(100);
-        cache.put(g, "t", "c", AT, "group", members(&[50]));
-        cache.advance("t", "c", 10, (12, MsgId(120)));
-        let moved = ReadAt { last_seq: 12, last_id: MsgId(120), ..AT };
-        assert!(cache.get("t", "c", moved, 0).is_some());
-        assert!(cache.get("t", "c", ReadAt { last_seq: 12, ..AT }, 0).is_none(), "the last id moved too");
-        cache.advance("t", "c", 10, (14, MsgId(140)));
-        assert!(
-            cache.get("t", "c", ReadAt { last_seq: 14, last_id: MsgId(140), ..AT }, 0).is_none(),
-            "moved from a seq it is not at"
-        );
+        cache.put(g, "t", "c", AT, members(&[50]));
+        cache.advance("t", "c", 10, 12);
+        assert!(cache.get("t", "c", ReadAt { last_seq: 12, ..AT }, 0).is_some());
+        cache.advance("t", "c", 10, 14);
+        assert!(cache.get("t", "c", ReadAt { last_seq: 14, ..AT }, 0).is_none(), "moved from a seq it is not at");
         // A slower read does not replace a later one.
-        cache.put(g, "t", "c", AT, "group", Arc::new(Members::default()));
-        assert_eq!(cache.get("t", "c", moved, 0), Some(members(&[50])));
+        cache.put(g, "t", "c", AT, Arc::new(Members::default()));
+        assert_eq!(cache.get("t", "c", ReadAt { last_seq: 12, ..AT }, 0), Some(members(&[50])));
     }
 
     #[test]
     fn the_cache_is_bounded_by_devices_and_can_be_off() {
         let (cache, g) = open(10);
-        cache.put(g, "t", "a", AT, "group", members(&[1, 2, 3, 4]));
-        cache.put(g, "t", "b", AT, "group", members(&[1, 2, 3, 4]));
-        cache.put(g, "t", "a", AT, "group", members(&[1, 2, 3, 4]));
+        cache.put(g, "t", "a", AT, members(&[1, 2, 3, 4]));
+        cache.put(g, "t", "b", AT, members(&[1, 2, 3, 4]));
+        cache.put(g, "t", "a", AT, members(&[1, 2, 3, 4]));
         assert_eq!(cache.held.lock().unwrap().size, 10, "a replaced entry is counted once");
-        cache.put(g, "t", "c", AT, "group", members(&[1]));
+        cache.put(g, "t", "c", AT, members(&[1]));
         assert!(cache.get("t", "a", AT, 0).is_none(), "past the bound it starts again");
         assert!(cache.get("t", "c", AT, 0).is_some());
         let off = Recipients::new(0);
@@ -324,16 +276,16 @@ mod tests {
         assert_eq!(cache.generation(), None, "closed until every process is known to raise epochs");
         cache.allow(true);
         let before = cache.generation().expect("in use");
-        cache.put(before, "t", "c", AT, "group", members(&[1]));
+        cache.put(before, "t", "c", AT, members(&[1]));
         cache.allow(false);
         assert_eq!(cache.generation(), None);
         assert!(cache.get("t", "c", AT, 0).is_none(), "dropped when an older process came");
-        cache.put(before, "t", "c", AT, "group", members(&[1]));
+        cache.put(before, "t", "c", AT, members(&[1]));
         cache.allow(true);
         assert!(cache.get("t", "c", AT, 0).is_none(), "a read from before is not kept");
         let now = cache.generation().expect("in use again");
         assert_ne!(now, before);
-        cache.put(now, "t", "c", AT, "group", members(&[1]));
+        cache.put(now, "t", "c", AT, members(&[1]));
         assert!(cache.get("t", "c", AT, 0).is_some());
     }
 }
