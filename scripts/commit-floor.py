@@ -24,6 +24,14 @@ Shapes, one message per transaction unless said:
                 conversation's last_seq read under the same locks, the transaction
                 rolled back with an error if either differs, the epoch returned, the
                 writes and COMMIT
+  block         the worker's commit in one round trip (worker/src/commit/checked.rs):
+                an anonymous block with an error handler that rolls back, the lock wait
+                switched off for the locking reads and back on, the fence, the
+                conversations and the epochs each counted against what is expected
+                (a SIGNAL if not), the writes without a deadline, the time the block ran
+                checked, COMMIT and the outbox row's id
+  block, waits  the same without the handler and the lock wait switch
+  block, bare   the same without the time check and the id's SELECT too
   writes only   BEGIN, the three writes and COMMIT in one round trip
   bare insert   BEGIN, the message alone and COMMIT
 """
@@ -65,6 +73,7 @@ def run(cur, sql: str):
 class Shapes:
     def __init__(self):
         self.seqs = {}
+        self.last_ids = {}
         self.next_id = 388_409_877_844_000_768 + random.randrange(10**12)
 
     def reads(self, convs):
@@ -77,13 +86,14 @@ class Shapes:
             f"SELECT tenant_id, epoch FROM device_epochs WHERE tenant_id IN ({hexed('bench')})",
         ]
 
-    def writes(self, convs, only_message=False):
-        deadline = "SET STATEMENT max_statement_time = 0.816 FOR "
+    def writes(self, convs, only_message=False, deadline="SET STATEMENT max_statement_time = 0.816 FOR "):
         body = hexed('{"text":"' + "x" * 90 + '"}')
         out = []
         for c in convs:
             self.next_id += 1
             seq = self.seqs[c] = self.seqs.get(c, 0) + 1
+            if not only_message:
+                self.last_ids[c] = self.next_id
             out.append(f"{deadline}INSERT INTO messages (id, tenant_id, conv_id, seq, sender_id, sender_device, "
                        f"client_msg_id, body, created_at, op_digest) VALUES ({self.next_id}, {hexed('bench')}, "
                        f"{hexed(c)}, {seq}, {hexed('u-' + c)}, {hexed('d1')}, {hexed('m' + str(self.next_id))}, "
@@ -115,6 +125,30 @@ class Shapes:
         body += ["COMMIT;", "END"]
         return " ".join(body)
 
+    def block(self, convs, switch=True, clock=True):
+        convs = sorted(set(convs))
+        expected = [(c, self.seqs.get(c, 0), self.last_ids.get(c, 0)) for c in convs]
+        b = ["BEGIN NOT ATOMIC DECLARE started DATETIME(6) DEFAULT SYSDATE(6); DECLARE n BIGINT DEFAULT 0;"]
+        if switch:
+            b.append("DECLARE wait BIGINT DEFAULT @@SESSION.innodb_lock_wait_timeout; DECLARE EXIT HANDLER FOR "
+                     "SQLEXCEPTION BEGIN SET SESSION innodb_lock_wait_timeout = wait; ROLLBACK; RESIGNAL; END;")
+        b.append("START TRANSACTION;" + (" SET SESSION innodb_lock_wait_timeout = 0;" if switch else ""))
+        refuse = " THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'herald: commit refused: x'; END IF;"
+        b.append("SELECT COUNT(*) INTO n FROM shard_fences WHERE shard IN (1) AND (shard, token) IN ((1, 7)) "
+                 "LOCK IN SHARE MODE; IF n <> 1" + refuse)
+        ids = ", ".join(hexed(c) for c in convs)
+        rows = ", ".join(f"({hexed('bench')}, {hexed(c)}, 1, {seq}, {last})" for c, seq, last in expected)
+        b.append(f"SELECT COUNT(*) INTO n FROM conversations WHERE ((tenant_id = {hexed('bench')} AND id IN ({ids}))) "
+                 f"AND (tenant_id, id, created_at, last_seq, COALESCE(last_msg_id, 0)) IN ({rows}) FOR UPDATE;"
+                 + (" SET SESSION innodb_lock_wait_timeout = wait;" if switch else "") + f" IF n <> {len(convs)}" + refuse)
+        b.append(f"SELECT COUNT(*) INTO n FROM device_epochs WHERE (tenant_id = {hexed('bench')} AND epoch = 3); "
+                 "IF n <> 1" + refuse)
+        b += [w + ";" for w in self.writes(convs, deadline="")]
+        if clock:
+            b.append("IF TIMESTAMPDIFF(MICROSECOND, started, SYSDATE(6)) > 2450000" + refuse)
+        b.append("COMMIT;" + (" SELECT LAST_INSERT_ID();" if clock else "") + " END")
+        return " ".join(b)
+
     def transaction(self, shape):
         convs = [f"c{random.randrange(CONVERSATIONS):05d}" for _ in range(3 if shape == "herald x3" else 1)]
         if shape in ("herald", "herald x3"):
@@ -123,6 +157,12 @@ class Shapes:
             return ["; ".join(self.reads(convs) + self.writes(convs) + ["COMMIT"])]
         if shape == "checked":
             return [self.checked(convs)]
+        if shape == "block":
+            return [self.block(convs)]
+        if shape == "block, waits":
+            return [self.block(convs, switch=False)]
+        if shape == "block, bare":
+            return [self.block(convs, switch=False, clock=False)]
         if shape == "writes only":
             return ["; ".join(["BEGIN"] + self.writes(convs) + ["COMMIT"])]
         # Conversations of their own: these messages leave last_seq where it is.
@@ -134,6 +174,8 @@ def main():
     ap.add_argument("--db", default="herald_capacity")
     ap.add_argument("--commits", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--shapes", default="herald,herald x3,one trip,checked,block,block, waits,block, bare,writes only,bare insert",
+                    help="the shapes to run, comma-separated (the names above; 'block, waits' and 'block, bare' keep their comma)")
     args = ap.parse_args()
     pids = os.popen("pgrep -x mariadbd || pgrep -x mysqld").read().split()
     if not pids:
@@ -152,7 +194,8 @@ def main():
     conn = connect(SCRATCH)
     c = conn.cursor()
     shapes = Shapes()
-    names = ["herald", "herald x3", "one trip", "checked", "writes only", "bare insert"]
+    names = [n.strip() for n in args.shapes.replace("block, ", "block; ").split(",")]
+    names = [n.replace("block; ", "block, ") for n in names]
     results = {n: [] for n in names}
     try:
         for r in range(args.rounds):
