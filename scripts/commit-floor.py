@@ -3,7 +3,7 @@
 Herald commit sends, from one client with nothing else running, against smaller
 transactions of the same rows (for docs/benchmarks.md).
 
-    python3 scripts/commit-floor.py [--db herald_capacity] [--commits 1000] [--rounds 6]
+    python3 scripts/commit-floor.py [--db herald_capacity] [--commits 1000] [--rounds 6] [--shapes herald,block]
 
 --db is a Herald database to copy the tables' definitions from (scripts/capacity.sh
 leaves herald_capacity); the rows go to a scratch database, herald_commit_floor, dropped
@@ -24,14 +24,15 @@ Shapes, one message per transaction unless said:
                 conversation's last_seq read under the same locks, the transaction
                 rolled back with an error if either differs, the epoch returned, the
                 writes and COMMIT
-  block         the worker's commit in one round trip (worker/src/commit/checked.rs):
-                an anonymous block with an error handler that rolls back, the lock wait
+  block         the commit in one round trip as the worker sent it while it was tried
+                (change 34 in docs/benchmarks.md, reverted): an anonymous block with an error handler that rolls back, the lock wait
                 switched off for the locking reads and back on, the fence, the
                 conversations and the epochs each counted against what is expected
                 (a SIGNAL if not), the writes without a deadline, the time the block ran
-                checked, COMMIT and the outbox row's id
-  block, waits  the same without the handler and the lock wait switch
-  block, bare   the same without the time check and the id's SELECT too
+                checked against the ids' freshness (2.45 s: the default 5 s settle window
+                halved, less the 50 ms margin), COMMIT and the outbox row's id
+  block waits   the same without the handler and the lock wait switch
+  block bare    the same without the time check and the id's SELECT too
   writes only   BEGIN, the three writes and COMMIT in one round trip
   bare insert   BEGIN, the message alone and COMMIT
 """
@@ -46,6 +47,7 @@ from pymysql.constants import CLIENT
 SCRATCH = "herald_commit_floor"
 TABLES = ["messages", "conversations", "outbox_events", "shard_fences", "device_epochs"]
 CONVERSATIONS = 1000
+SHAPES = ["herald", "herald x3", "one trip", "checked", "block", "block waits", "block bare", "writes only", "bare insert"]
 
 
 def mariadb_cpu_s(pid: int) -> float:
@@ -159,12 +161,13 @@ class Shapes:
             return [self.checked(convs)]
         if shape == "block":
             return [self.block(convs)]
-        if shape == "block, waits":
+        if shape == "block waits":
             return [self.block(convs, switch=False)]
-        if shape == "block, bare":
+        if shape == "block bare":
             return [self.block(convs, switch=False, clock=False)]
         if shape == "writes only":
             return ["; ".join(["BEGIN"] + self.writes(convs) + ["COMMIT"])]
+        assert shape == "bare insert", shape
         # Conversations of their own: these messages leave last_seq where it is.
         return ["; ".join(["BEGIN"] + self.writes(["x" + c for c in convs], only_message=True) + ["COMMIT"])]
 
@@ -174,9 +177,12 @@ def main():
     ap.add_argument("--db", default="herald_capacity")
     ap.add_argument("--commits", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--shapes", default="herald,herald x3,one trip,checked,block,block, waits,block, bare,writes only,bare insert",
-                    help="the shapes to run, comma-separated (the names above; 'block, waits' and 'block, bare' keep their comma)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="the shapes to run, comma-separated (the names above)")
     args = ap.parse_args()
+    names = [n.strip() for n in args.shapes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown or not names:
+        ap.error(f"unknown shape(s) {', '.join(map(repr, unknown))}: choose from {', '.join(SHAPES)}")
     pids = os.popen("pgrep -x mariadbd || pgrep -x mysqld").read().split()
     if not pids:
         raise SystemExit("commit-floor.py: no local mariadbd to read the CPU of")
@@ -194,8 +200,6 @@ def main():
     conn = connect(SCRATCH)
     c = conn.cursor()
     shapes = Shapes()
-    names = [n.strip() for n in args.shapes.replace("block, ", "block; ").split(",")]
-    names = [n.replace("block; ", "block, ") for n in names]
     results = {n: [] for n in names}
     try:
         for r in range(args.rounds):
