@@ -14,6 +14,8 @@ pub use herald_shared::keys::DeviceKey;
 #[derive(Debug)]
 struct Entry {
     session: String,
+    /// The session shows `delivered` frames (its presence value says so).
+    statuses: bool,
     /// The session's epoch among its device's sessions (drawn at admission).
     epoch: u64,
     mailbox: Arc<Mailbox>,
@@ -35,12 +37,13 @@ impl SessionRegistry {
         &self,
         key: DeviceKey,
         session: String,
+        statuses: bool,
         epoch: u64,
         queue: usize,
         ephemeral: usize,
     ) -> Arc<Mailbox> {
         let mailbox = Arc::new(Mailbox::new(queue, ephemeral));
-        let entry = Entry { session, epoch, mailbox: mailbox.clone() };
+        let entry = Entry { session, statuses, epoch, mailbox: mailbox.clone() };
         let user = (key.tenant.clone(), key.user.clone());
         let mut map = self.sessions.lock().expect("sessions");
         if map.get(&key).is_some_and(|e| e.epoch > epoch) {
@@ -93,14 +96,15 @@ impl SessionRegistry {
     }
 
     /// The session registered for the device here, other than `me`: the newer session
-    /// that replaced `me`.
-    pub fn successor(&self, key: &DeviceKey, me: &str) -> Option<String> {
+    /// that replaced `me`, and whether it shows `delivered` frames.
+    pub fn successor(&self, key: &DeviceKey, me: &str) -> Option<(String, bool)> {
         let map = self.sessions.lock().expect("sessions");
-        map.get(key).filter(|e| e.session != me).map(|e| e.session.clone())
+        map.get(key).filter(|e| e.session != me).map(|e| (e.session.clone(), e.statuses))
     }
 
     /// Closes the device's session if it is `session` (replaced on another node).
     pub fn kick(&self, key: &DeviceKey, session: &str) {
+        let session = herald_shared::keys::kicked_session(session);
         let map = self.sessions.lock().expect("sessions");
         if let Some(e) = map.get(key).filter(|e| e.session == session) {
             e.mailbox.control(Control::Replaced);

@@ -52,29 +52,52 @@ impl<'de> Deserialize<'de> for DeviceKey {
     }
 }
 
-/// Where a device is connected: a field of the user's presence hash, `node|session`.
+/// Where a device is connected: a field of the user's presence hash,
+/// `node|session|flags`, where the flags are single letters: `d` when the session asked
+/// for delivery statuses (`features=delivered`), so workers push a sender's `delivered`
+/// frames to such devices only. A reader skips letters it does not know. A value
+/// without the second `|` (`node|session`) was written by a gateway of a release before
+/// the flags, which shows statuses to the sessions that asked itself: it counts as
+/// asking, so nothing is lost while gateways are upgraded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PresenceValue {
     pub node: String,
     pub session: String,
+    /// The session may show `delivered` frames.
+    pub statuses: bool,
 }
 
 impl PresenceValue {
     pub fn new(node: impl Into<String>, session: impl Into<String>) -> PresenceValue {
-        PresenceValue { node: node.into(), session: session.into() }
+        PresenceValue { node: node.into(), session: session.into(), statuses: false }
     }
 
-    /// Reads a stored value; `None` for anything that is not `node|session` (node ids
-    /// cannot contain `|`).
-    pub fn parse(value: &str) -> Option<PresenceValue> {
-        let (node, session) = value.split_once('|')?;
-        (!node.is_empty()).then(|| PresenceValue::new(node, session))
+    /// The same session, marked as showing `delivered` frames (or not).
+    pub fn with_statuses(self, statuses: bool) -> PresenceValue {
+        PresenceValue { statuses, ..self }
     }
+
+    /// Reads a stored value; `None` for anything that is not `node|session[|flags]`
+    /// (node ids and session ids cannot contain `|`).
+    pub fn parse(value: &str) -> Option<PresenceValue> {
+        let (node, rest) = value.split_once('|')?;
+        let (session, statuses) = match rest.split_once('|') {
+            Some((session, flags)) => (session, flags.contains('d')),
+            None => (rest, true),
+        };
+        (!node.is_empty()).then(|| PresenceValue::new(node, session).with_statuses(statuses))
+    }
+}
+
+/// A session id as a kick names it: a gateway of a release before the flags reads
+/// `node|session|flags` as the node and `session|flags`, so the flags are cut off.
+pub fn kicked_session(named: &str) -> &str {
+    named.split_once('|').map_or(named, |(session, _)| session)
 }
 
 impl fmt::Display for PresenceValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}|{}", self.node, self.session)
+        write!(f, "{}|{}|{}", self.node, self.session, if self.statuses { "d" } else { "" })
     }
 }
 
@@ -279,12 +302,21 @@ mod tests {
     }
 
     #[test]
-    fn presence_values_round_trip_and_refuse_garbage() {
+    fn presence_values_round_trip_with_their_flags_and_refuse_garbage() {
         let v = PresenceValue::new("gw-1", "gw-1-00ff");
-        assert_eq!(v.to_string(), "gw-1|gw-1-00ff");
+        assert_eq!(v.to_string(), "gw-1|gw-1-00ff|");
         assert_eq!(PresenceValue::parse(&v.to_string()), Some(v));
         assert_eq!(PresenceValue::parse("no-bar"), None);
-        assert_eq!(PresenceValue::parse("|s"), None);
+        assert_eq!(PresenceValue::parse("|s|"), None);
+        let asked = PresenceValue::new("gw-1", "gw-1-00ff").with_statuses(true);
+        assert_eq!(asked.to_string(), "gw-1|gw-1-00ff|d");
+        assert_eq!(PresenceValue::parse("gw-1|gw-1-00ff|d"), Some(asked.clone()));
+        assert_eq!(PresenceValue::parse("gw-1|gw-1-00ff|xd"), Some(asked.clone()), "unknown flags are skipped");
+        assert_eq!(PresenceValue::parse("gw-1|gw-1-00ff|x").map(|p| p.statuses), Some(false));
+        assert_eq!(PresenceValue::parse("gw-1|gw-1-00ff"), Some(asked), "an older gateway's session may show them");
+        assert_eq!(kicked_session("gw-1-00ff|d"), "gw-1-00ff");
+        assert_eq!(kicked_session("gw-1-00ff|"), "gw-1-00ff");
+        assert_eq!(kicked_session("gw-1-00ff"), "gw-1-00ff");
         assert_eq!(epoch_marker("p1"), "epoch:p1");
     }
 

@@ -210,6 +210,41 @@ async fn the_status_of_a_message_is_for_its_sender_alone() {
     b1.stop().await;
 }
 
+/// A status is published only to the sender's devices that asked for `delivered`
+/// frames (their presence says so): a sender whose connected devices did not ask costs
+/// no push, one that asked gets its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_are_published_only_to_the_senders_devices_that_asked() {
+    let c = cluster("dlv-asked", "200").await;
+    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let worker = c.workers[0].admin_url();
+    let pushes = || herald_tests::drill::metric(&worker, "herald_status_pushes_total");
+    let old = device(&c, "alice", "a1", false).await;
+    let b1 = device(&c, "bob", "b1", false).await;
+
+    old.send("m1", "ab", json!({"text": "hi"})).await;
+    let db = c.db().await;
+    eventually(Duration::from_secs(15), "bob's delivered position reaches 1", || async {
+        let position: u64 =
+            sqlx::query_scalar("SELECT delivered_seq FROM members WHERE conv_id = 'ab' AND user_id = 'bob'")
+                .fetch_one(&db)
+                .await
+                .unwrap();
+        (position == 1).then_some(())
+    })
+    .await;
+
+    // A device of alice that asks: the next message's status is pushed to it alone.
+    let asked = device(&c, "alice", "a2", true).await;
+    asked.send("m2", "ab", json!({"text": "again"})).await;
+    shown(&asked, "ab", 2, 1).await;
+    assert_eq!(pushes().await, 1.0, "one push, for m2 to a2; m1's sender had no device that asked");
+    assert!(statuses(&old).is_empty(), "{:?}", statuses(&old));
+    for d in [old, asked, b1] {
+        d.stop().await;
+    }
+}
+
 /// A delivered position whose write waits on a member row's lock holds up positions
 /// only: a send to another conversation of the same shard is still answered, and the
 /// position is written once the lock is gone.

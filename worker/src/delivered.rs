@@ -6,8 +6,9 @@
 //! is applied in one transaction (a position only moves forward); then, per
 //! conversation whose positions moved, the senders of the messages the move covered
 //! are told how far their latest such message got: one read of the members, counted in
-//! memory, and one `delivered` push per sender to the nodes holding its devices. The
-//! work is per batch and conversation, not per ack or per recipient.
+//! memory, and one `delivered` push per sender to the nodes holding its devices that
+//! asked for `delivered` frames (their presence value says so). The work is per batch
+//! and conversation, not per ack or per recipient.
 //!
 //! A position stays below the lowest `seq` of its conversation whose fan-out has not
 //! finished ([`unfinished`]): delivered means a device acked the message.
@@ -205,7 +206,8 @@ impl DeliveredPositions {
         Ok(statuses)
     }
 
-    /// One push per sender to the nodes holding its devices.
+    /// One push per sender to the nodes holding its devices that show statuses (asked
+    /// for `delivered` frames): a sender with none gets nothing published.
     async fn tell_senders(&self, convs: &BTreeMap<(String, String), Conversation>) -> Result<(), StatusError> {
         let statuses = self.statuses(convs).await?;
         if statuses.is_empty() {
@@ -220,7 +222,7 @@ impl DeliveredPositions {
         let mut by_node: BTreeMap<String, NodeEnvelope> = BTreeMap::new();
         for ((tenant, sender, status), presence) in statuses.into_iter().zip(presences) {
             for (device, value) in presence {
-                let Some(PresenceValue { node, .. }) = PresenceValue::parse(&value) else { continue };
+                let Some(PresenceValue { node, statuses: true, .. }) = PresenceValue::parse(&value) else { continue };
                 let env = by_node.entry(node).or_default();
                 let key = DeviceKey::new(tenant, sender.as_str(), device);
                 match env.status.iter_mut().find(|p| p.status == status) {

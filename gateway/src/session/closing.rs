@@ -106,7 +106,8 @@ where
         self.report_watermark().await;
         self.env.watchers.forget(&self.device, &self.id);
         let successor = directory.successor(&self.device, &self.id);
-        if self.presence.give_up(self.env.redis.next(), successor.as_deref()).await {
+        let successor = successor.as_ref().map(|(session, statuses)| (session.as_str(), *statuses));
+        if self.presence.give_up(self.env.redis.next(), successor).await {
             self.env.roster.disconnected(&self.device.tenant, &self.device.user).await;
         }
         if last_of_user {

@@ -276,6 +276,7 @@ where
         session.registered_watermark = watermark;
         session.features = features;
         if features.delivered {
+            session.presence.show_statuses();
             let interval = Duration::from_millis(session.env.cfg.delivery.status_interval_ms);
             session.status = Some(Box::new(StatusThrottle::new(interval)));
         }
@@ -346,7 +347,8 @@ where
             let mailbox = {
                 let g = &self.env.cfg.gateway;
                 let epoch = self.presence.epoch();
-                directory.register(self.device.clone(), self.id.clone(), epoch, g.realtime_queue, g.ephemeral_queue)
+                let (device, id, statuses) = (self.device.clone(), self.id.clone(), self.presence.statuses());
+                directory.register(device, id, statuses, epoch, g.realtime_queue, g.ephemeral_queue)
             };
             // A revocation announced between the token's check and the registration
             // just above found no session here to close: look again.

@@ -1,4 +1,4 @@
-//! A session's presence: the `node|session` value in the user's presence hash that
+//! A session's presence: the `node|session|flags` value in the user's presence hash that
 //! tells workers where to push, and makes one session per device (a newer one replaces
 //! the older, here or on another node through a `kick`). Newer means admitted later:
 //! each session draws an epoch from a per-device counter when admitted, and a claim
@@ -57,6 +57,17 @@ impl Presence {
             ttl_ms: (heartbeat_ms * 3).to_string(),
             epoch,
         }
+    }
+
+    /// Marks the session's value as showing `delivered` frames: workers push a sender's
+    /// statuses only to such devices. Set before the first claim.
+    pub fn show_statuses(&mut self) {
+        self.value.statuses = true;
+    }
+
+    /// Whether the session shows `delivered` frames.
+    pub fn statuses(&self) -> bool {
+        self.value.statuses
     }
 
     /// The session's epoch among its device's sessions.
@@ -127,12 +138,13 @@ impl Presence {
     }
 
     /// Gives the entry up if it is still this session's: to `successor`, the device's
-    /// newer session on this node, when there is one; else it is cleared. True when it
-    /// was cleared and the user has no device connected any more (it has gone offline).
-    pub async fn give_up(&self, redis: &Client, successor: Option<&str>) -> bool {
+    /// newer session on this node (its id, and whether it shows `delivered` frames),
+    /// when there is one; else it is cleared. True when it was cleared and the user has
+    /// no device connected any more (it has gone offline).
+    pub async fn give_up(&self, redis: &Client, successor: Option<(&str, bool)>) -> bool {
         let mut args = vec![self.device.device.clone(), self.value.to_string()];
-        if let Some(session) = successor {
-            args.push(PresenceValue::new(self.value.node.as_str(), session).to_string());
+        if let Some((session, statuses)) = successor {
+            args.push(PresenceValue::new(self.value.node.as_str(), session).with_statuses(statuses).to_string());
         }
         let given: Result<i64, _> = scripts::PRESENCE_CLEAR.call(redis, vec![self.key.clone()], args).await;
         successor.is_none() && matches!(given, Ok(2))

@@ -42,8 +42,8 @@ where
         };
         // Replaced here while claiming (the newer session's claim can reach Redis first):
         // the presence goes to the newer one, which a kick from another node must find.
-        if let Some(newer) = self.env.directory.successor(&self.device, &self.id) {
-            self.presence.give_up(&redis, Some(&newer)).await;
+        if let Some((newer, statuses)) = self.env.directory.successor(&self.device, &self.id) {
+            self.presence.give_up(&redis, Some((&newer, statuses))).await;
         } else if new_device {
             // Its user's followers hear it came online when this is its only device.
             self.env.roster.connected(&self.device.tenant, &self.device.user);

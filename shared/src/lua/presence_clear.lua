@@ -5,7 +5,7 @@
 -- leave the device that is still connected without a presence, so workers would skip
 -- its pushes.
 --
--- KEYS: presence hash. ARGV: device, value (node|session), [successor's value].
+-- KEYS: presence hash. ARGV: device, value (node|session|flags), [successor's value].
 -- Returns: 0 when it was not this session's; 1 when given up and the user still has a
 -- device connected; 2 when cleared and none is left (the user has gone offline).
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then

@@ -3,7 +3,7 @@
 -- session's, nor for a session a newer one of the device has claimed over (its kick
 -- was lost).
 --
--- KEYS: presence hash, devices hash. ARGV: device, value (node|session), ttl ms, epoch.
+-- KEYS: presence hash, devices hash. ARGV: device, value (node|session|flags), ttl ms, epoch.
 -- Returns: 1 when it had to set the presence again, 2 when a newer session holds the
 -- device (this one must end), else 0.
 local claimed = tonumber(redis.call('HGET', KEYS[2], 'claimed:' .. ARGV[1]) or '0')

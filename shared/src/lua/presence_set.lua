@@ -5,7 +5,7 @@
 -- each drew when it was admitted (`session:{device}` in the devices hash, HINCRBY), so a
 -- session whose claim lands late never replaces the newer one.
 --
--- KEYS: presence hash, devices hash. ARGV: device, value (node|session), ttl ms, epoch.
+-- KEYS: presence hash, devices hash. ARGV: device, value (node|session|flags), ttl ms, epoch.
 -- Returns: {the previous value or false, the devices connected, 1 when claimed or 0
 -- when a newer session holds the device (nothing changed)}.
 local claimed = tonumber(redis.call('HGET', KEYS[2], 'claimed:' .. ARGV[1]) or '0')
