@@ -24,8 +24,17 @@ pub fn free_port() -> u16 {
 /// A `redis-server` on loopback `port` as Herald needs it (no persistence, never
 /// evicting), with `extra` arguments (cluster mode).
 pub fn spawn_redis_server(port: u16, extra: &[&str]) -> std::process::Child {
+    // A directory of its own unless `extra` names one: a replica's full sync writes the
+    // master's data there, and a server started where another left a `dump.rdb` would
+    // start with that data.
+    let dir = scratch_dir(port);
+    let dir = dir.to_str().expect("utf-8 temp dir").to_owned();
     let port = port.to_string();
     let mut args = vec!["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
+    if !extra.contains(&"--dir") {
+        std::fs::create_dir_all(&dir).expect("a scratch directory for redis-server");
+        args.extend(["--dir", &dir]);
+    }
     args.extend(["--maxmemory-policy", "noeviction"]);
     args.extend(extra);
     std::process::Command::new("redis-server")
@@ -34,6 +43,35 @@ pub fn spawn_redis_server(port: u16, extra: &[&str]) -> std::process::Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-server is installed")
+}
+
+/// The working directory of the private server on `port`.
+fn scratch_dir(port: u16) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("herald-redis-{port}"))
+}
+
+/// The process id of the Redis answering on loopback `port` (`INFO server`), if one
+/// answers within a second.
+async fn process_id(port: u16) -> Option<u32> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        conn.write_all(b"INFO server\r\n").await.ok()?;
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            answer.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&answer);
+            if let Some(pid) = text.lines().find_map(|l| l.strip_prefix("process_id:")) {
+                return pid.trim().parse().ok();
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask).await.ok().flatten()
 }
 
 /// A private `redis-server` on a free port, for tests that stop Redis.
@@ -60,10 +98,14 @@ impl RedisServer {
     }
 
     async fn start_with(extra: &[&str]) -> RedisServer {
-        let extra = extra.iter().map(|s| s.to_string()).collect();
-        let mut r = RedisServer { port: free_port(), child: None, extra };
-        r.restart().await;
-        r
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for _ in 0..5 {
+            let mut r = RedisServer { port: free_port(), child: None, extra: extra.clone() };
+            if r.try_start().await {
+                return r;
+            }
+        }
+        panic!("no private redis-server started on a free port in 5 tries");
     }
 
     pub fn url(&self) -> String {
@@ -73,13 +115,25 @@ impl RedisServer {
     /// Starts it (again) on the same port, empty: no persistence. (The port is below the
     /// ephemeral range, so no outgoing connection can hold it meanwhile.)
     pub async fn restart(&mut self) {
+        assert!(self.try_start().await, "the private redis-server did not start again on port {}", self.port);
+    }
+
+    /// Starts it on its port and waits until it answers; false when it exited instead
+    /// (another test's server took the port between [`free_port`] and the bind). What
+    /// answers must be this process: a connection alone could reach the other server,
+    /// which that test may kill under this one.
+    async fn try_start(&mut self) -> bool {
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        self.child = Some(spawn_redis_server(self.port, &extra));
-        let port = self.port;
-        eventually(Duration::from_secs(10), "private redis answers", || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())
+        let child = self.child.insert(spawn_redis_server(self.port, &extra));
+        let (port, pid) = (self.port, child.id());
+        eventually(Duration::from_secs(10), "private redis answers, or exits", || {
+            let exited = matches!(child.try_wait(), Ok(Some(_)));
+            async move {
+                let own = !exited && process_id(port).await == Some(pid);
+                (exited || own).then_some(own)
+            }
         })
-        .await;
+        .await
     }
 
     /// The server's process id while it runs (to pause it with SIGSTOP).
@@ -99,5 +153,20 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(scratch_dir(self.port));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_server_whose_port_another_holds_is_not_taken_for_that_one() {
+        let there = RedisServer::start().await;
+        assert_eq!(process_id(there.port).await, there.pid(), "the server on its port is its own");
+        let mut late = RedisServer { port: there.port, child: None, extra: Vec::new() };
+        assert!(!late.try_start().await, "the port's other server answered, and this one exited");
+        assert!(process_id(there.port).await.is_some(), "the first server still runs");
     }
 }
