@@ -15,7 +15,7 @@ pub struct Presence {
     device: DeviceKey,
     value: PresenceValue,
     /// The entry outlives three missed heartbeats, no more.
-    ttl_ms: String,
+    ttl_ms: u64,
     /// The session's place among the device's sessions, drawn when it was admitted
     /// ([`draw_epoch`]): a claim never replaces a session with a higher one.
     epoch: u64,
@@ -54,7 +54,7 @@ impl Presence {
             key: keys.presence(&device.tenant, &device.user),
             device: device.clone(),
             value,
-            ttl_ms: (heartbeat_ms * 3).to_string(),
+            ttl_ms: heartbeat_ms * 3,
             epoch,
         }
     }
@@ -80,7 +80,7 @@ impl Presence {
     }
 
     fn args(&self) -> Vec<String> {
-        vec![self.device.device.clone(), self.value.to_string(), self.ttl_ms.clone(), self.epoch.to_string()]
+        vec![self.device.device.clone(), self.value.to_string(), self.ttl_ms.to_string(), self.epoch.to_string()]
     }
 
     /// Takes the device's presence, unless a newer session of the device has. A session
