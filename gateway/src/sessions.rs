@@ -180,3 +180,28 @@ impl SessionRegistry {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_replaced_session_names_its_successor_with_its_flag_and_a_flagged_kick_closes_it() {
+        let directory = SessionRegistry::default();
+        let key = DeviceKey::new("t", "alice", "a1");
+        let _old = directory.register(key.clone(), "gw-1-0001".into(), false, 1, 8, 8);
+        let new = directory.register(key.clone(), "gw-1-0002".into(), true, 2, 8, 8);
+        assert_eq!(directory.successor(&key, "gw-1-0001"), Some(("gw-1-0002".to_owned(), true)));
+        assert_eq!(directory.successor(&key, "gw-1-0002"), None, "a session is not its own successor");
+
+        // A gateway of the release before the flags names the session with them.
+        directory.kick(&key, "gw-1-0001|d");
+        let quiet = tokio::time::timeout(Duration::from_millis(50), new.next_control()).await;
+        assert!(quiet.is_err(), "a kick of another session leaves this one");
+        directory.kick(&key, "gw-1-0002|d");
+        let told = tokio::time::timeout(Duration::from_secs(1), new.next_control()).await.expect("told to close");
+        assert!(matches!(told, Control::Replaced));
+    }
+}

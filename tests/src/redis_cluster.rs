@@ -69,13 +69,7 @@ impl RedisCluster {
                 ],
             );
             let mut node = Node { port, bus, child };
-            let up = eventually(Duration::from_secs(10), "cluster node answers or exits", || {
-                let exited = matches!(node.child.try_wait(), Ok(Some(_)));
-                let pong = !exited && self.cli_text(port, &["ping"]).contains("PONG");
-                async move { (exited || pong).then_some(pong) }
-            })
-            .await;
-            if up {
+            if crate::redis_server::started(&mut node.child, port).await {
                 return node;
             }
             let _ = node.child.wait();

@@ -65,13 +65,32 @@ async fn process_id(port: u16) -> Option<u32> {
                 return None;
             }
             answer.extend_from_slice(&buf[..n]);
+            // Only a whole line: a read can end inside the number.
             let text = String::from_utf8_lossy(&answer);
-            if let Some(pid) = text.lines().find_map(|l| l.strip_prefix("process_id:")) {
-                return pid.trim().parse().ok();
+            if let Some((_, rest)) = text.split_once("process_id:") {
+                if let Some((pid, _)) = rest.split_once("\r\n") {
+                    return pid.parse().ok();
+                }
             }
         }
     };
     tokio::time::timeout(Duration::from_secs(1), ask).await.ok().flatten()
+}
+
+/// Waits until `child`, a `redis-server` just spawned on loopback `port`, answers there
+/// itself; false when it exited instead (another test's server took the port between
+/// [`free_port`] and the bind). What answers must be this process: a connection alone
+/// could reach the other server, which its test may kill under this one.
+pub(crate) async fn started(child: &mut std::process::Child, port: u16) -> bool {
+    let pid = child.id();
+    eventually(Duration::from_secs(10), "redis-server answers, or exits", || {
+        let exited = matches!(child.try_wait(), Ok(Some(_)));
+        async move {
+            let own = !exited && process_id(port).await == Some(pid);
+            (exited || own).then_some(own)
+        }
+    })
+    .await
 }
 
 /// A private `redis-server` on a free port, for tests that stop Redis.
@@ -118,22 +137,12 @@ impl RedisServer {
         assert!(self.try_start().await, "the private redis-server did not start again on port {}", self.port);
     }
 
-    /// Starts it on its port and waits until it answers; false when it exited instead
-    /// (another test's server took the port between [`free_port`] and the bind). What
-    /// answers must be this process: a connection alone could reach the other server,
-    /// which that test may kill under this one.
+    /// Starts it on its port and waits until it answers ([`started`]); false when it
+    /// exited instead.
     async fn try_start(&mut self) -> bool {
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         let child = self.child.insert(spawn_redis_server(self.port, &extra));
-        let (port, pid) = (self.port, child.id());
-        eventually(Duration::from_secs(10), "private redis answers, or exits", || {
-            let exited = matches!(child.try_wait(), Ok(Some(_)));
-            async move {
-                let own = !exited && process_id(port).await == Some(pid);
-                (exited || own).then_some(own)
-            }
-        })
-        .await
+        started(child, self.port).await
     }
 
     /// The server's process id while it runs (to pause it with SIGSTOP).

@@ -245,6 +245,31 @@ async fn statuses_are_published_only_to_the_senders_devices_that_asked() {
     }
 }
 
+/// A presence value without flags, as a gateway of the release before them writes it,
+/// counts as asking: while gateways are upgraded after the workers, the sessions that
+/// asked still get their statuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presence_without_flags_from_an_older_gateway_still_gets_statuses() {
+    use fred::prelude::HashesInterface;
+    let c = cluster("dlv-oldgw", "200").await;
+    c.client(0, "alice", "a1").create_conversation(Some("ab"), "direct", &["alice", "bob"]).await.unwrap();
+    let a1 = device(&c, "alice", "a1", true).await;
+    let redis = c.redis().await;
+    let key = c.keys().presence(TENANT, "alice");
+    let value: String = redis.hget(&key, "a1").await.unwrap();
+    let old = value.strip_suffix("|d").unwrap_or_else(|| panic!("a session that asked is flagged: {value}"));
+    let _: () = redis.hset(&key, ("a1", old)).await.unwrap();
+
+    let b1 = device(&c, "bob", "b1", false).await;
+    a1.send("m1", "ab", json!({"text": "hi"})).await;
+    shown(&a1, "ab", 1, 1).await;
+    let still: String = redis.hget(&key, "a1").await.unwrap();
+    assert_eq!(still, old, "the unflagged value was what the worker read");
+    for d in [a1, b1] {
+        d.stop().await;
+    }
+}
+
 /// A delivered position whose write waits on a member row's lock holds up positions
 /// only: a send to another conversation of the same shard is still answered, and the
 /// position is written once the lock is gone.
